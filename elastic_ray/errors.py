@@ -1,0 +1,68 @@
+"""Exceptions shared by every part of elastic-ray.
+
+They live in one module so that callers can catch them without importing the
+part that raised them (a Dagster asset catching ``SlurmAllocationEnded`` should
+not need to import the coordinator's internals).
+"""
+
+from __future__ import annotations
+
+
+class ElasticRayError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(ElasticRayError, ValueError):
+    """A configuration value was refused.
+
+    ``field`` names the offending field (``"time_limit"``,
+    ``"ray_resources['CPU']"``...) so that a user reading the message, or a UI
+    showing it next to a form field, knows exactly what to fix.
+    """
+
+    def __init__(self, field: str, value: object, reason: str):
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{field}={value!r}: {reason}")
+
+
+class SchedulerError(ElasticRayError):
+    """A scheduler command failed; the message carries the command's stderr."""
+
+    def __init__(self, message: str, *, argv: tuple[str, ...] = (), returncode: int | None = None,
+                 stderr: str = ""):
+        self.argv = argv
+        self.returncode = returncode
+        self.stderr = stderr
+        super().__init__(message)
+
+
+class SessionDirError(ElasticRayError):
+    """The session directory is missing, unreadable or inconsistent."""
+
+
+class CorruptFileError(SessionDirError):
+    """A file in the session directory could not be parsed or failed validation.
+
+    Readers that can live without the file treat this as "unknown"; writers
+    never overwrite such a file blindly (the original is kept for inspection).
+    """
+
+    def __init__(self, path: str, reason: str):
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class SlurmAllocationEnded(ElasticRayError):
+    """The allocation that hosted a payload driver is gone (or was replaced)."""
+
+    def __init__(self, message: str, *, allocation_state: str, job_id: str | None = None):
+        self.allocation_state = allocation_state
+        self.job_id = job_id
+        super().__init__(message)
+
+
+class SlurmStepDrained(ElasticRayError):
+    """A payload driver was asked to stop because its head allocation drains."""
