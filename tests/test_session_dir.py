@@ -1,0 +1,239 @@
+"""The session directory: layout, permissions, locking, and damaged files.
+
+Real files and real processes: the invariants here (no lost update, no
+crash on a damaged file, no blind overwrite) are about effects, so they are
+tested against the filesystem, not a fake.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import stat
+import time
+from dataclasses import replace
+
+import filelock
+import pytest
+
+from elastic_ray.errors import CorruptFileError, SessionDirError
+from elastic_ray.protocol.atomic import atomic_write_json, read_json
+from elastic_ray.protocol.records import (
+    AllocationRecord,
+    ElectionClaim,
+    HeadEndpoint,
+    SessionInfo,
+    WorkerRecord,
+)
+from elastic_ray.protocol.session_dir import SessionDir
+
+
+def make_info(**overrides) -> SessionInfo:
+    base = dict(session_id="s-1", job_name="er-test", created_at=1.0, scheduler={"kind": "local"},
+                head={"partition": "cpu", "time_limit": "60"})
+    base.update(overrides)
+    return SessionInfo(**base)
+
+
+@pytest.fixture
+def session(tmp_path):
+    return SessionDir.create(tmp_path / "sess", make_info())
+
+
+def test_layout_and_permissions(session):
+    assert stat.S_IMODE(os.stat(session.path).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(session.secret_file).st_mode) == 0o600
+    assert len(session.secret()) == 32
+    assert session.log_dir.is_dir() and (session.path / "jobs").is_dir()
+    assert session.read_allocation() == AllocationRecord()
+    assert SessionDir.open(session.path).info() == make_info()
+
+
+def test_create_refuses_an_existing_session(session):
+    with pytest.raises(SessionDirError, match="already holds a session"):
+        SessionDir.create(session.path, make_info(session_id="other"))
+    assert session.info().session_id == "s-1"
+
+
+def test_open_refuses_a_plain_directory(tmp_path):
+    with pytest.raises(SessionDirError, match="not a session directory"):
+        SessionDir.open(tmp_path)
+
+
+def test_open_reports_a_damaged_session_file(session):
+    session.session_file.write_text('{"protocol_version": 1, "session_id": ')
+    with pytest.raises(CorruptFileError) as info:
+        SessionDir.open(session.path)
+    assert "session.json" in str(info.value)
+
+
+def test_open_refuses_another_protocol_version(session):
+    data = read_json(session.session_file)
+    data["protocol_version"] = 99
+    atomic_write_json(session.session_file, data)
+    with pytest.raises(CorruptFileError, match="protocol_version 99"):
+        session.info()
+
+
+def add_worker(job_id: str):
+    def change(record: AllocationRecord) -> AllocationRecord:
+        return record.with_worker(WorkerRecord(job_id=job_id, config={"partition": "cpu"}, submitted_at=1.0))
+    return change
+
+
+def test_update_round_trip_and_generation(session):
+    rec = session.update_allocation(add_worker("101"))
+    assert rec.generation == 1 and set(rec.workers) == {"101"}
+    rec = session.update_allocation(lambda r: replace(r, head_job="100", successor="101",
+                                                      election=ElectionClaim("me", 1.0, 121.0)))
+    assert session.read_allocation() == rec
+    assert rec.generation == 2
+    # Returning the record unchanged writes nothing.
+    assert session.update_allocation(lambda r: r).generation == 2
+
+
+def test_an_invalid_update_is_refused_and_changes_nothing(session):
+    session.update_allocation(add_worker("101"))
+    before = session.allocation_file.read_bytes()
+    with pytest.raises(ValueError):
+        session.update_allocation(lambda r: replace(r, head_job="not-a-job"))
+    assert session.allocation_file.read_bytes() == before
+
+
+@pytest.mark.parametrize("damage", [
+    b"",                                   # truncated to nothing
+    b'{"protocol_version": 1, "gener',     # truncated mid-write by an outside tool
+    b"\x00\xff garbage",                   # not text
+    b"[1, 2, 3]",                          # JSON of the wrong shape
+    b'{"protocol_version": 1, "generation": -1, "head_job": null, "workers": {}, '
+    b'"predecessors": [], "election": null, "successor": null}',
+    b'{"protocol_version": 1, "generation": 1, "head_job": "12; rm -rf /", "workers": {}, '
+    b'"predecessors": [], "election": null, "successor": null}',
+])
+def test_a_damaged_record_is_reported_never_overwritten(session, damage):
+    session.update_allocation(add_worker("101"))
+    session.allocation_file.write_bytes(damage)
+    with pytest.raises(CorruptFileError) as info:
+        session.read_allocation()
+    assert "allocation.json" in str(info.value)
+    with pytest.raises(CorruptFileError):
+        session.update_allocation(add_worker("102"))
+    assert session.allocation_file.read_bytes() == damage  # left for inspection
+    restored = session.restore_allocation_backup()
+    assert set(restored.workers) == {"101"}
+    assert list(session.path.glob("allocation.json.corrupt-*"))
+
+
+def test_an_oversized_file_is_refused(session):
+    session.allocation_file.write_bytes(b" " * (5 * 1024 * 1024))
+    with pytest.raises(CorruptFileError, match="larger than"):
+        session.read_allocation()
+
+
+def test_lock_timeout_names_the_lock(session):
+    holder = filelock.FileLock(str(session.lock_file))
+    with holder:
+        # filelock is re-entrant within a thread, so hold it from another process.
+        proc = multiprocessing.get_context("spawn").Process(target=_try_update, args=(str(session.path),))
+        proc.start()
+        proc.join(20)
+    assert proc.exitcode == 0
+
+
+def _try_update(path: str) -> None:
+    try:
+        SessionDir(path).update_allocation(add_worker("7"), timeout=0.5)
+    except SessionDirError as exc:
+        assert ".allocation.lock" in str(exc)
+        raise SystemExit(0)
+    raise SystemExit(1)
+
+
+def _hammer(path: str, start: int, count: int) -> None:
+    session = SessionDir(path)
+    for i in range(count):
+        session.update_allocation(add_worker(str(start + i)))
+
+
+def test_concurrent_updates_from_many_processes_lose_nothing(session):
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_hammer, args=(str(session.path), 1000 * (k + 1), 25)) for k in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert all(p.exitcode == 0 for p in procs)
+    rec = session.read_allocation()
+    assert len(rec.workers) == 200
+    assert rec.generation == 200
+
+
+def test_a_writer_killed_mid_write_leaves_the_old_content(session, monkeypatch):
+    session.update_allocation(add_worker("101"))
+    before = session.allocation_file.read_bytes()
+
+    def boom(*_args, **_kwargs):
+        raise KeyboardInterrupt  # stands for a crash between write and rename
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(KeyboardInterrupt):
+        session.update_allocation(add_worker("102"))
+    monkeypatch.undo()
+    assert session.allocation_file.read_bytes() == before
+    assert not [p for p in session.path.iterdir() if p.name.endswith(".tmp")]
+
+
+# ----------------------------------------------------------------- ray_head pointer
+
+def test_ray_head_pointer(session):
+    assert session.read_ray_head() is None
+    session.write_ray_head("12345")
+    assert session.ray_head_file.read_text() == "12345\n"
+    assert session.read_ray_head() == "12345"
+
+
+@pytest.mark.parametrize("content", [b"", b"abc", b"12 34", b"-1", b"1" * 200, b"\xff\xfe"])
+def test_a_damaged_ray_head_reads_as_unknown(session, content):
+    session.ray_head_file.write_bytes(content)
+    assert session.read_ray_head() is None
+
+
+def test_write_ray_head_refuses_a_non_job_id(session):
+    with pytest.raises(ValueError):
+        session.write_ray_head("../../etc")
+    assert session.read_ray_head() is None
+
+
+# ----------------------------------------------------------------- per-job files
+
+def test_head_endpoint_round_trip_and_damage(session):
+    endpoint = HeadEndpoint(job_id="5", host="cpu-1", address="10.78.0.11:6380", ray_version="2.60.0",
+                            started_at=time.time(), ports={"gcs": 6380})
+    assert session.read_head_endpoint("5") is None
+    session.write_head_endpoint(endpoint)
+    assert session.read_head_endpoint("5") == endpoint
+    (session.job_dir("5") / "head.json").write_text('{"job_id": "5", "address": "nohost"')
+    assert session.read_head_endpoint("5") is None
+    with pytest.raises(ValueError):
+        session.write_head_endpoint(replace(endpoint, address="10.0.0.1:99999"))
+
+
+def test_node_states_skip_damaged_files(session):
+    session.write_node_state("5", "cpu-1", {"state": "JOINED"})
+    session.write_node_state("5", "cpu-2", {"state": "STARTING"})
+    (session.job_dir("5") / "nodes" / "cpu-3.json").write_text("{broken")
+    assert session.read_node_states("5") == {"cpu-1": {"state": "JOINED"}, "cpu-2": {"state": "STARTING"}}
+    with pytest.raises(ValueError):
+        session.write_node_state("5", "../x", {})
+
+
+def test_job_dir_refuses_path_tricks(session):
+    with pytest.raises(ValueError):
+        session.job_dir("../../etc")
+
+
+def test_record_json_is_readable_by_people(session):
+    session.update_allocation(add_worker("101"))
+    data = json.loads(session.allocation_file.read_text())
+    assert data["workers"]["101"]["state"] == "submitted"
