@@ -1,0 +1,55 @@
+"""`elastic-ray`: the user's command line.
+
+Commands that wait show progress; every error is one clear line naming the
+bad argument, with exit status 2 for usage errors and 1 for failures.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from . import __version__
+from .errors import ElasticRayError
+from .scheduler.factory import KINDS, make_scheduler
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="elastic-ray")
+def main() -> None:
+    """Elastic Ray clusters on Slurm."""
+
+
+@main.command()
+@click.option("--scheduler", type=click.Choice(KINDS), default="local", show_default=True,
+              help="local: the embedded emulation (no Slurm needed); slurm: the real Slurm CLI.")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where job scripts and outputs go (must be on a filesystem every node sees). "
+                   "Default: ./demo-session")
+@click.option("--sleep", type=click.FloatRange(min=0, max=600), default=4.0, show_default=True,
+              help="How long each node's command runs.")
+def demo(scheduler: str, workdir: Path | None, sleep: float) -> None:
+    """Submit three allocations of one session and watch their life as a table."""
+    from .demo import run_demo
+
+    console = Console()
+    workdir = (workdir or Path.cwd() / "demo-session").absolute()
+    try:
+        sched = make_scheduler(scheduler, state_dir=workdir / "local-scheduler",
+                               slurm_conf=os.environ.get("SLURM_CONF"))
+        final = run_demo(sched, workdir, console, sleep=sleep)
+    except ElasticRayError as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print("final states: " + ", ".join(f"{k}: {v.value}" for k, v in final.items()))
+    expected = {"cpu x2": "COMPLETED", "gpu-a 2 GPUs": "COMPLETED", "gpu-a 4 GPUs": "CANCELLED"}
+    if {k: v.value for k, v in final.items()} != expected:
+        console.print(f"[red]unexpected final states; expected {expected}[/]")
+        sys.exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

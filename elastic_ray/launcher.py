@@ -1,0 +1,114 @@
+"""RayLauncher: how Ray is started on every node of a run.
+
+One launcher per session; every node (head and workers, of every
+allocation) starts Ray with these settings, so they are stored in
+session.json and read by each agent.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+from .config import _check_ray_start_args
+from .errors import ConfigError
+
+PORT_STRATEGIES = ("random", "hash_jobid", "fixed")
+AUTH_MODES = ("disabled", "token")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Environment the agent sets itself; a launcher value would be overwritten
+# or, worse, would break the agent's control of Ray.
+AGENT_OWNED_ENV = frozenset({"RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED",
+                             "RAY_gcs_rpc_server_reconnect_timeout_s", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"})
+
+
+@dataclass(frozen=True)
+class RayLauncher:
+    """Ray settings shared by every node of a run.
+
+    ``num_gpus_per_node`` is the launcher's default for worker nodes; an
+    allocation's ``gpus_per_node`` wins. ``port_strategy``: ``random`` (every
+    Ray port chosen by the OS at start; the default), ``hash_jobid`` (a port
+    block derived from the Slurm job id, stable across restarts of the same
+    job) or ``fixed`` (``head_port`` and Ray's defaults; one Ray node per host,
+    so a worker allocation can never host an elected head).
+    ``pre_start_commands`` are shell lines run on every node before Ray
+    starts, for example ``export RAY_AUTH_TOKEN=...``.
+    """
+
+    num_gpus_per_node: int = 0
+    port_strategy: str = "random"
+    head_port: int = 6379
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    pre_start_commands: tuple[str, ...] = ()
+    redis_password: str | None = None
+    auth_mode: str = "disabled"
+    ray_start_args: tuple[str, ...] = ()
+    include_dashboard: bool = False
+    object_store_memory: int | None = None
+
+    def __post_init__(self) -> None:
+        set_ = lambda n, v: object.__setattr__(self, n, v)  # noqa: E731 - frozen dataclass
+        if isinstance(self.num_gpus_per_node, bool) or not isinstance(self.num_gpus_per_node, int) \
+                or self.num_gpus_per_node < 0:
+            raise ConfigError("num_gpus_per_node", self.num_gpus_per_node, "must be a whole number >= 0")
+        if self.port_strategy not in PORT_STRATEGIES:
+            raise ConfigError("port_strategy", self.port_strategy, f"must be one of {', '.join(PORT_STRATEGIES)}")
+        if isinstance(self.head_port, bool) or not isinstance(self.head_port, int) \
+                or not 1024 <= self.head_port <= 65535:
+            raise ConfigError("head_port", self.head_port, "must be a port number between 1024 and 65535")
+        if not isinstance(self.env, Mapping):
+            raise ConfigError("env", self.env, "must be a mapping of variable name to value")
+        env: dict[str, str] = {}
+        for key, value in self.env.items():
+            if not isinstance(key, str) or not _ENV_NAME.match(key):
+                raise ConfigError(f"env[{key!r}]", key, "is not a valid environment variable name")
+            if key in AGENT_OWNED_ENV:
+                raise ConfigError(f"env[{key!r}]", key, "is set by the agent")
+            if not isinstance(value, str) or "\x00" in value:
+                raise ConfigError(f"env[{key!r}]", value, "must be a string without NUL")
+            env[key] = value
+        set_("env", MappingProxyType(env))
+        commands = self.pre_start_commands
+        if isinstance(commands, str) or not isinstance(commands, (list, tuple)):
+            raise ConfigError("pre_start_commands", commands, "must be a list of shell lines")
+        for index, line in enumerate(commands):
+            if not isinstance(line, str) or "\n" in line or "\r" in line or "\x00" in line:
+                raise ConfigError(f"pre_start_commands[{index}]", line, "must be one line of shell")
+        set_("pre_start_commands", tuple(commands))
+        if self.redis_password is not None and (not isinstance(self.redis_password, str)
+                                                or not self.redis_password or "\n" in self.redis_password):
+            raise ConfigError("redis_password", "***", "must be a non-empty single-line string")
+        if self.auth_mode not in AUTH_MODES:
+            raise ConfigError("auth_mode", self.auth_mode, f"must be one of {', '.join(AUTH_MODES)}")
+        set_("ray_start_args", _check_ray_start_args("ray_start_args", self.ray_start_args))
+        if not isinstance(self.include_dashboard, bool):
+            raise ConfigError("include_dashboard", self.include_dashboard, "must be True or False")
+        if self.object_store_memory is not None and (
+                isinstance(self.object_store_memory, bool) or not isinstance(self.object_store_memory, int)
+                or self.object_store_memory < 78643200):
+            raise ConfigError("object_store_memory", self.object_store_memory,
+                              "must be a whole number of bytes, at least 75 MiB (Ray's minimum)")
+
+    @property
+    def can_host_elected_head(self) -> bool:
+        """A worker node can host a second (head) Ray node only with separate ports."""
+        return self.port_strategy in ("random", "hash_jobid")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = dict(value) if isinstance(value, Mapping) else list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RayLauncher":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(unknown[0], data[unknown[0]], "is not a field of RayLauncher")
+        return cls(**dict(data))
