@@ -1,0 +1,4 @@
+"""Run the agent with `python -m elastic_ray.agent`."""
+from .cli import main
+
+main()
