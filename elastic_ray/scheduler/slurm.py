@@ -1,0 +1,638 @@
+"""The Slurm scheduler: sbatch, squeue, scancel, scontrol and sacct.
+
+Two halves, kept apart on purpose:
+
+* Pure parsers (top of the module): Slurm's output in, typed values out.
+  They accept exactly the forms Slurm prints and raise ``ValueError`` with the
+  offending text on anything else, so a format change shows up as a clear
+  error instead of a job silently reported in the wrong state. They are
+  tested exhaustively in ``tests/test_slurm_parsing.py``.
+* :class:`SlurmScheduler`, a thin shell. Every command goes through
+  :meth:`SlurmScheduler._call`: argv lists only (never a shell), a timeout on
+  every call, failures raised as :class:`SchedulerError` with argv, return
+  code and stderr, and a count of calls per command for tests and benchmarks.
+
+Times: the queries run with ``TZ=UTC`` and ``SLURM_TIME_FORMAT=standard``, so
+Slurm prints ISO timestamps in UTC whatever the user's locale and time zone
+(a local time would be ambiguous for an hour every autumn). ``sbatch`` itself
+keeps the user's TZ, because the job inherits the submitting environment.
+"""
+
+from __future__ import annotations
+
+import calendar
+import collections
+import itertools
+import logging
+import os
+import re
+import shlex
+import signal as _signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from ..errors import SchedulerError
+from .base import JobInfo, JobSpec, JobState, Scheduler
+from .render import check_job_name, render_batch_script
+from .states import is_known_state, translate_state
+
+log = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------
+# squeue's output format.
+#
+# One line per job, fields separated by the ASCII unit separator, a control
+# character that no job id, state, partition, host list or timestamp can
+# contain. The reason comes last and the line is split at most
+# len(fields) - 1 times, so even a free-text reason cannot shift the fields.
+
+FIELD_SEP = "\x1f"
+SQUEUE_FIELDS = (
+    ("job_id", "%A"),      # numeric id (unique per array element, unlike %i)
+    ("name", "%j"),
+    ("state", "%T"),       # long state name
+    ("partition", "%P"),
+    ("nodes", "%N"),       # compressed host list; empty while pending
+    ("submit_time", "%V"),
+    ("start_time", "%S"),  # a prediction while pending
+    ("end_time", "%e"),    # the expected end while running
+    ("time_left", "%L"),
+    ("reason", "%r"),      # last: see above
+)
+SQUEUE_FORMAT = FIELD_SEP.join(code for _, code in SQUEUE_FIELDS)
+
+_JOB_ID = re.compile(r"^[0-9]+$")
+_NO_TIME = frozenset({"", "N/A", "NONE", "UNKNOWN", "(NULL)"})
+_TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}$")
+_NO_TIME_LEFT = frozenset({"UNLIMITED", "INFINITE", "NOT_SET", "INVALID", "N/A", "NONE"})
+_TIME_LEFT = (
+    re.compile(r"^(?P<d>\d+)-(?P<h>\d{1,2}):(?P<m>\d{2}):(?P<s>\d{2})$"),
+    re.compile(r"^(?P<h>\d+):(?P<m>\d{2}):(?P<s>\d{2})$"),
+    re.compile(r"^(?P<m>\d+):(?P<s>\d{2})$"),
+)
+_NO_NODES = frozenset({"", "(NULL)", "NONE ASSIGNED", "NONE"})
+# A host list cannot reasonably name more hosts than this; a range such as
+# node[1-999999999] is refused instead of eating the coordinator's memory.
+MAX_HOSTS = 100_000
+
+
+def check_job_id(job_id: object) -> str:
+    """A plain numeric job id, as sbatch --parsable returns it.
+
+    Refusing anything else also keeps a value that starts with '-' from ever
+    reaching a Slurm command as an option.
+    """
+    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+        raise ValueError(f"job_id={job_id!r}: must be a numeric Slurm job id")
+    return job_id
+
+
+def parse_sbatch_parsable(stdout: str) -> str:
+    """The job id from ``sbatch --parsable``: ``12345`` or ``12345;cluster``."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    if len(lines) != 1:
+        raise ValueError(f"expected one line 'JOBID[;CLUSTER]' from sbatch --parsable, got {stdout!r}")
+    match = re.match(r"^([0-9]+)(?:;[A-Za-z0-9_.\-]+)?$", lines[0])
+    if not match:
+        raise ValueError(f"expected 'JOBID[;CLUSTER]' from sbatch --parsable, got {lines[0]!r}")
+    return match.group(1)
+
+
+def parse_slurm_timestamp(text: str) -> float | None:
+    """Epoch seconds for a Slurm ``YYYY-MM-DDTHH:MM:SS`` printed in UTC.
+
+    ``N/A``, ``None``, ``Unknown`` and an empty field mean "no such time".
+    """
+    value = text.strip()
+    if value.upper() in _NO_TIME:
+        return None
+    if not _TIMESTAMP.match(value):
+        raise ValueError(f"not a Slurm timestamp (YYYY-MM-DDTHH:MM:SS): {text!r}")
+    try:
+        return float(calendar.timegm(time.strptime(value, "%Y-%m-%dT%H:%M:%S")))
+    except ValueError as exc:
+        raise ValueError(f"not a valid date: {text!r} ({exc})") from None
+
+
+def parse_time_left(text: str) -> float | None:
+    """Seconds in squeue's ``%L`` (``1-02:03:04``, ``2:03:04``, ``3:04``).
+
+    ``UNLIMITED``, ``NOT_SET``, ``INVALID`` and ``N/A`` mean "no finite time
+    left to report" and give None.
+    """
+    value = text.strip()
+    if value.upper() in _NO_TIME_LEFT:
+        return None
+    for pattern in _TIME_LEFT:
+        match = pattern.match(value)
+        if match:
+            parts = {k: int(v) for k, v in match.groupdict().items()}
+            # Only the leading component may exceed its usual range.
+            limits = {"s": 60, "m": 60 if "h" in parts else None, "h": 24 if "d" in parts else None}
+            if any(limit is not None and parts.get(key, 0) >= limit for key, limit in limits.items()):
+                raise ValueError(f"time left out of range: {text!r}")
+            return float(parts.get("d", 0) * 86400 + parts.get("h", 0) * 3600
+                         + parts["m"] * 60 + parts["s"])
+    raise ValueError(f"not a Slurm time left (D-HH:MM:SS, HH:MM:SS, MM:SS or UNLIMITED): {text!r}")
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas that are not inside brackets; refuse unbalanced brackets."""
+    items, depth, current = [], 0, []
+    for char in text:
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"nested '[' in host list {text!r}")
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in host list {text!r}")
+        if char == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if depth:
+        raise ValueError(f"unbalanced '[' in host list {text!r}")
+    items.append("".join(current))
+    return items
+
+
+def _expand_range_set(body: str, whole: str) -> list[str]:
+    """``1-3,07`` -> ['1', '2', '3', '07']; zero padding follows the low bound."""
+    numbers: list[str] = []
+    for part in body.split(","):
+        match = re.match(r"^(\d+)(?:-(\d+))?$", part)
+        if not match:
+            raise ValueError(f"bad range {part!r} in host list {whole!r}")
+        low, high = match.group(1), match.group(2)
+        if high is None:
+            numbers.append(low)
+            continue
+        if int(high) < int(low):
+            raise ValueError(f"range {part!r} runs backwards in host list {whole!r}")
+        if int(high) - int(low) + 1 > MAX_HOSTS:
+            raise ValueError(f"range {part!r} in host list {whole!r} names more than {MAX_HOSTS} hosts")
+        width = len(low)
+        numbers.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
+    return numbers
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """Every host name in a Slurm host list, in order.
+
+    ``cpu-[1-2],gpua-1`` -> ``('cpu-1', 'cpu-2', 'gpua-1')``. Several bracket
+    groups in one name expand to their product (``r[1-2]n[1-2]``). An empty
+    list (a pending job) and Slurm's ``(null)`` / ``None assigned`` give ().
+    Pure, so the coordinator never needs ``scontrol show hostnames``.
+    """
+    value = text.strip()
+    if value.upper() in _NO_NODES:
+        return ()
+    if re.search(r"\s", value):
+        raise ValueError(f"blank inside host list {text!r}")
+    hosts: list[str] = []
+    for item in _split_top_level(value):
+        if not item:
+            raise ValueError(f"empty host name in host list {text!r}")
+        pieces = re.split(r"(\[[^\[\]]*\])", item)
+        choices: list[list[str]] = []
+        for piece in pieces:
+            if piece.startswith("["):
+                choices.append(_expand_range_set(piece[1:-1], text))
+            elif piece:
+                choices.append([piece])
+        count = 1
+        for options in choices:
+            count *= len(options)
+        if len(hosts) + count > MAX_HOSTS:
+            raise ValueError(f"host list {text[:80]!r} names more than {MAX_HOSTS} hosts")
+        hosts.extend("".join(combo) for combo in itertools.product(*choices))
+    return tuple(hosts)
+
+
+def _timing(state: JobState, submit: float | None, start: float | None, end: float | None,
+            time_left: float | None) -> dict[str, float | None]:
+    """Times as :class:`JobInfo` reports them.
+
+    For a pending job Slurm fills start and end with *predictions*; reporting
+    them would make "start_time is set" mean two things, so a pending job has
+    neither. ``time_left`` is only meaningful for a job that holds nodes.
+    """
+    if state is JobState.PENDING:
+        start = end = None
+    if not (state.is_active and state is not JobState.PENDING):
+        time_left = None
+    return {"submit_time": submit, "start_time": start, "end_time": end, "time_left": time_left}
+
+
+_REPORTED_UNKNOWN: set[str] = set()
+
+
+def _note_unknown_state(raw: str, job_id: str) -> None:
+    """Log a state missing from the table, once per spelling (a poll loop
+    would otherwise repeat the same warning every few seconds)."""
+    if not is_known_state(raw) and raw not in _REPORTED_UNKNOWN:
+        _REPORTED_UNKNOWN.add(raw)
+        log.warning("event=unknown_slurm_state job_id=%s raw_state=%r reported_as=%s",
+                    job_id, raw, translate_state(raw).value)
+
+
+def parse_squeue_line(line: str) -> JobInfo:
+    """One line of ``squeue --format=SQUEUE_FORMAT``."""
+    parts = line.split(FIELD_SEP, len(SQUEUE_FIELDS) - 1)
+    if len(parts) != len(SQUEUE_FIELDS):
+        raise ValueError(f"expected {len(SQUEUE_FIELDS)} fields, got {len(parts)}: {line!r}")
+    raw = dict(zip((name for name, _ in SQUEUE_FIELDS), parts))
+    job_id = raw["job_id"].strip()
+    if not _JOB_ID.match(job_id):
+        raise ValueError(f"bad job id {job_id!r} in squeue line {line!r}")
+    raw_state = raw["state"].strip()
+    state = translate_state(raw_state)
+    _note_unknown_state(raw_state, job_id)
+    try:
+        times = _timing(state, parse_slurm_timestamp(raw["submit_time"]),
+                        parse_slurm_timestamp(raw["start_time"]), parse_slurm_timestamp(raw["end_time"]),
+                        parse_time_left(raw["time_left"]))
+        nodes = expand_hostlist(raw["nodes"])
+    except ValueError as exc:
+        raise ValueError(f"{exc} (job {job_id}, squeue line {line!r})") from None
+    return JobInfo(job_id=job_id, name=raw["name"], state=state, raw_state=raw_state,
+                   reason=raw["reason"].strip(), partition=raw["partition"].strip(), nodes=nodes, **times)
+
+
+def parse_squeue_output(stdout: str) -> dict[str, JobInfo]:
+    """Every job in squeue's output, keyed by job id; blank lines are skipped."""
+    jobs: dict[str, JobInfo] = {}
+    for line in stdout.splitlines():
+        if line.strip():
+            info = parse_squeue_line(line)
+            jobs[info.job_id] = info
+    return jobs
+
+
+_SCONTROL_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
+
+
+def parse_scontrol_fields(line: str) -> dict[str, str]:
+    """``Key=value Key2=value two`` -> dict; a value runs to the next `` Key=``.
+
+    ``scontrol show job -o`` prints one job per line this way; values such as
+    a reason may contain blanks, so splitting on blanks alone is not enough.
+    """
+    matches = list(_SCONTROL_KEY.finditer(line))
+    fields: dict[str, str] = {}
+    for here, nxt in zip(matches, matches[1:] + [None]):
+        value = line[here.end(): nxt.start() if nxt else len(line)]
+        fields.setdefault(here.group(1), value.strip())
+    return fields
+
+
+def parse_scontrol_job(stdout: str, job_id: str, now: float) -> JobInfo:
+    """The job ``job_id`` in ``scontrol show job -o`` output.
+
+    ``scontrol`` gives no time left; for a running job it is computed from the
+    end time and ``now``.
+    """
+    for line in stdout.splitlines():
+        fields = parse_scontrol_fields(line)
+        if fields.get("JobId") != job_id:
+            continue
+        if "JobState" not in fields:
+            raise ValueError(f"no JobState for job {job_id} in scontrol output {line!r}")
+        raw_state = fields["JobState"]
+        state = translate_state(raw_state)
+        _note_unknown_state(raw_state, job_id)
+        end = parse_slurm_timestamp(fields.get("EndTime", ""))
+        time_left = None
+        if state is JobState.RUNNING and end is not None:
+            time_left = max(0.0, end - now)
+        times = _timing(state, parse_slurm_timestamp(fields.get("SubmitTime", "")),
+                        parse_slurm_timestamp(fields.get("StartTime", "")), end, time_left)
+        return JobInfo(job_id=job_id, name=fields.get("JobName", ""), state=state, raw_state=raw_state,
+                       reason=fields.get("Reason", ""), partition=fields.get("Partition", ""),
+                       nodes=expand_hostlist(fields.get("NodeList", "")), **times)
+    raise ValueError(f"job {job_id} not in scontrol output {stdout[:200]!r}")
+
+
+SACCT_FIELDS = ("JobID", "State", "Partition", "NodeList", "Submit", "Start", "End", "JobName")
+ACCOUNTING_DISABLED = "accounting storage is disabled"
+
+
+def parse_sacct_output(stdout: str, job_ids: Iterable[str]) -> dict[str, JobInfo]:
+    """``sacct -X -n -P --format=SACCT_FIELDS`` lines for the wanted ids.
+
+    The job name comes last so that a '|' in a name cannot shift the other
+    fields. A job listed twice (requeued) keeps its last record.
+    """
+    wanted = set(job_ids)
+    jobs: dict[str, JobInfo] = {}
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", len(SACCT_FIELDS) - 1)
+        if len(parts) != len(SACCT_FIELDS):
+            raise ValueError(f"expected {len(SACCT_FIELDS)} '|'-separated fields from sacct, got {line!r}")
+        row = dict(zip(SACCT_FIELDS, parts))
+        job_id = row["JobID"].strip()
+        if job_id not in wanted:
+            continue
+        raw_state = row["State"].strip()
+        state = translate_state(raw_state)
+        _note_unknown_state(raw_state, job_id)
+        times = _timing(state, parse_slurm_timestamp(row["Submit"]), parse_slurm_timestamp(row["Start"]),
+                        parse_slurm_timestamp(row["End"]), None)
+        jobs[job_id] = JobInfo(job_id=job_id, name=row["JobName"], state=state, raw_state=raw_state,
+                               partition=row["Partition"].strip(),
+                               nodes=expand_hostlist(row["NodeList"]), **times)
+    return jobs
+
+
+_TEST_ONLY = re.compile(r"\bJob (\d+) to start at (\S+)")
+
+
+def parse_test_only(stderr: str) -> float:
+    """Predicted start (epoch) from ``sbatch --test-only``'s stderr.
+
+    sbatch prints ``sbatch: Job 12 to start at 2026-11-29T23:59:59 using 2
+    processors on nodes gpua-1 in partition gpu-a`` on stderr, possibly after
+    warnings.
+    """
+    match = _TEST_ONLY.search(stderr)
+    if not match:
+        raise ValueError(f"no 'Job N to start at TIME' in sbatch --test-only output: {stderr.strip()!r}")
+    start = parse_slurm_timestamp(match.group(2))
+    if start is None:
+        raise ValueError(f"sbatch --test-only named no start time: {match.group(0)!r}")
+    return start
+
+
+def ended_unknown(job_id: str, job_name: str) -> JobInfo:
+    """What we report for a job nobody remembers (purged, no accounting)."""
+    return JobInfo(job_id=job_id, name=job_name, state=JobState.ENDED_UNKNOWN, raw_state="",
+                   reason="no record left (purged after MinJobAge, and no accounting answered)")
+
+
+def normalise_signal(name: object) -> str:
+    """``TERM``, ``SIGTERM``, ``term`` or ``15`` -> ``TERM`` (what scancel accepts)."""
+    if isinstance(name, int) and not isinstance(name, bool):
+        name = str(name)
+    if not isinstance(name, str):
+        raise ValueError(f"signal={name!r}: must be a signal name such as 'TERM'")
+    value = name.strip().upper()
+    if value.isdigit():
+        try:
+            return _signal.Signals(int(value)).name[3:]
+        except ValueError:
+            raise ValueError(f"signal={name!r}: unknown signal number") from None
+    value = value[3:] if value.startswith("SIG") else value
+    if not re.match(r"^[A-Z0-9+]+$", value) or not hasattr(_signal.Signals, "SIG" + value):
+        raise ValueError(f"signal={name!r}: unknown signal")
+    return value
+
+
+# --------------------------------------------------------------------------
+# The environment of the Slurm commands.
+
+# Variables that change what a client command does. SQUEUE_PARTITION=cpu in a
+# user's shell would hide every other partition's jobs from our query (and
+# make them look purged); SCANCEL_INTERACTIVE would make scancel ask. SLURM_*
+# variables inherited from an enclosing job (a payload step that adds a
+# worker allocation) are job output, not input: srun in the new job would
+# read, e.g., the old job's SLURM_MEM_PER_CPU next to its own --mem and
+# refuse to start. SBATCH_* are kept: they are how users and sites set
+# defaults (an account, say) for what the config leaves unset.
+_CLIENT_PREFIXES = ("SQUEUE_", "SCANCEL_", "SACCT_", "SCONTROL_", "SLURM_")
+_KEEP = frozenset({"SLURM_CONF"})
+
+
+def child_env(base: Mapping[str, str], *, slurm_conf: str | None, query: bool) -> dict[str, str]:
+    """The environment for one Slurm command (pure; see the comment above).
+
+    ``query`` commands also get ``TZ=UTC`` and ``SLURM_TIME_FORMAT=standard``
+    so that every timestamp is an unambiguous ISO time in UTC. ``sbatch`` keeps
+    the user's TZ, because the job inherits the submitting environment.
+    """
+    env = {k: v for k, v in base.items() if k in _KEEP or not k.startswith(_CLIENT_PREFIXES)}
+    if slurm_conf is not None:
+        env["SLURM_CONF"] = str(slurm_conf)
+    if query:
+        env["TZ"] = "UTC"
+        env["SLURM_TIME_FORMAT"] = "standard"
+    return env
+
+
+def script_name_prefix(job_name: str, role: str, when: float) -> str:
+    """``<job_name>-<role>-<UTC time>-``: the kept batch script's name sorts by
+    session, role and time; mkstemp appends a random part, so two submissions
+    in the same second never collide."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
+    return f"{job_name}-{role}-{stamp}-"
+
+
+# --------------------------------------------------------------------------
+# The shell.
+
+class SlurmScheduler(Scheduler):
+    """:class:`Scheduler` on the Slurm command-line tools.
+
+    ``slurm_conf`` sets ``SLURM_CONF`` for every command (the lab, or a
+    second cluster); by default the commands find their config as usual.
+    ``calls`` counts the commands run, by name (``calls["squeue"]``), so
+    tests and benchmarks can check what a poll costs the controller.
+    """
+
+    kind = "slurm"
+
+    #: Lookups of purged ids through ``scontrol`` per query; the rest go
+    #: straight to sacct. A caller that keeps passing hundreds of ended ids
+    #: must not turn each poll into hundreds of controller requests.
+    MAX_SCONTROL_LOOKUPS = 10
+
+    def __init__(self, slurm_conf: str | os.PathLike[str] | None = None, *, timeout: float = 60.0):
+        self.slurm_conf = None if slurm_conf is None else os.fspath(slurm_conf)
+        self.timeout = timeout
+        self.calls: collections.Counter[str] = collections.Counter()
+        # None: not known yet; False once sacct said accounting is disabled.
+        self._accounting: bool | None = None
+
+    # -- the one place that runs Slurm commands -----------------------------
+
+    def _call(self, argv: list[str], *, timeout: float | None = None, query: bool = True,
+              stdin_text: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Run one Slurm command; raise :class:`SchedulerError` unless it exits 0."""
+        argv = [str(a) for a in argv]
+        command = os.path.basename(argv[0])
+        self.calls[command] += 1
+        limit = self.timeout if timeout is None else timeout
+        shown = shlex.join(argv)
+        try:
+            proc = subprocess.run(
+                argv, input=stdin_text, stdin=None if stdin_text is not None else subprocess.DEVNULL,
+                capture_output=True, text=True, errors="replace", timeout=limit, cwd=cwd,
+                env=child_env(os.environ, slurm_conf=self.slurm_conf, query=query))
+        except subprocess.TimeoutExpired as exc:
+            stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            raise SchedulerError(f"{shown} did not finish within {limit:g} s", argv=tuple(argv),
+                                 stderr=stderr) from None
+        except OSError as exc:
+            raise SchedulerError(f"{shown} could not be started: {exc}", argv=tuple(argv)) from None
+        if proc.returncode != 0:
+            raise SchedulerError(f"{shown} failed with exit code {proc.returncode}: {proc.stderr.strip()}",
+                                 argv=tuple(argv), returncode=proc.returncode, stderr=proc.stderr)
+        return proc
+
+    # -- submit / test ------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> str:
+        """Render, keep the script in ``spec.workdir`` and submit it.
+
+        The script stays next to the run for whoever wants to see what was
+        submitted (mode 0600: it may carry secrets from the launcher's env).
+        sbatch runs in ``spec.workdir``, so a relative ``output`` is relative
+        to it.
+        """
+        script = render_batch_script(spec)
+        spec.workdir.mkdir(parents=True, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix=script_name_prefix(spec.job_name, spec.role, time.time()),
+                                    suffix=".sbatch", dir=spec.workdir)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(script)
+        proc = self._call(["sbatch", "--parsable", path], query=False, cwd=spec.workdir)
+        try:
+            job_id = parse_sbatch_parsable(proc.stdout)
+        except ValueError as exc:
+            raise SchedulerError(f"sbatch accepted {path} but its answer is not a job id ({exc}); "
+                                 f"check `squeue --name={spec.job_name}`",
+                                 argv=("sbatch", "--parsable", path), returncode=0,
+                                 stderr=proc.stderr) from None
+        log.info("event=submitted job_id=%s job_name=%s role=%s script=%s", job_id, spec.job_name,
+                 spec.role, path)
+        return job_id
+
+    def test_only(self, spec: JobSpec) -> float:
+        """Slurm's predicted start for ``spec`` (``sbatch --test-only``).
+
+        The script goes to sbatch on stdin, so probing leaves no files behind.
+        Note that every probe consumes a job id.
+        """
+        script = render_batch_script(spec)
+        proc = self._call(["sbatch", "--test-only"], stdin_text=script)
+        try:
+            return parse_test_only(proc.stderr)
+        except ValueError as exc:
+            raise SchedulerError(str(exc), argv=("sbatch", "--test-only"), returncode=0,
+                                 stderr=proc.stderr) from None
+
+    # -- observe ------------------------------------------------------------
+
+    def query(self, job_name: str, job_ids: Iterable[str] = ()) -> dict[str, JobInfo]:
+        """Every job named ``job_name``: ONE squeue call in the normal case.
+
+        Ids in ``job_ids`` that squeue no longer lists (purged after
+        MinJobAge) cost extra calls, once each, through
+        :meth:`_resolve_missing`; they never raise.
+        """
+        check_job_name(job_name)
+        wanted = [check_job_id(job_id) for job_id in job_ids]
+        argv = ["squeue", f"--name={job_name}", "--states=all", "--noheader", f"--format={SQUEUE_FORMAT}"]
+        proc = self._call(argv)
+        try:
+            jobs = parse_squeue_output(proc.stdout)
+        except ValueError as exc:
+            raise SchedulerError(f"cannot read squeue's output: {exc}", argv=tuple(argv), returncode=0,
+                                 stderr=proc.stderr) from None
+        missing = [job_id for job_id in dict.fromkeys(wanted) if job_id not in jobs]
+        if missing:
+            jobs.update(self._resolve_missing(missing, job_name))
+        return jobs
+
+    def _resolve_missing(self, job_ids: list[str], job_name: str) -> dict[str, JobInfo]:
+        """Ids squeue did not list: scontrol, then sacct, else ENDED_UNKNOWN.
+
+        scontrol still knows a job that carries another name; sacct knows
+        purged jobs when accounting is on. Any failure here means "unknown",
+        never an exception: the caller asked about jobs that are gone.
+        """
+        found: dict[str, JobInfo] = {}
+        for job_id in job_ids[: self.MAX_SCONTROL_LOOKUPS]:
+            try:
+                proc = self._call(["scontrol", "--oneliner", "show", "job", job_id])
+                found[job_id] = parse_scontrol_job(proc.stdout, job_id, time.time())
+            except (SchedulerError, ValueError) as exc:
+                if "Invalid job id" not in str(exc):
+                    log.warning("event=scontrol_lookup_failed job_id=%s error=%r", job_id, str(exc))
+        rest = [job_id for job_id in job_ids if job_id not in found]
+        if rest and self._accounting is not False:
+            found.update(self._sacct(rest))
+        for job_id in job_ids:
+            if job_id not in found:
+                log.info("event=job_record_gone job_id=%s job_name=%s state=ENDED_UNKNOWN", job_id, job_name)
+                found[job_id] = ended_unknown(job_id, job_name)
+        return found
+
+    def _sacct(self, job_ids: list[str]) -> dict[str, JobInfo]:
+        argv = ["sacct", "-X", "--noheader", "--parsable2", f"--format={','.join(SACCT_FIELDS)}",
+                f"--jobs={','.join(job_ids)}"]
+        try:
+            proc = self._call(argv)
+        except SchedulerError as exc:
+            if ACCOUNTING_DISABLED in exc.stderr:
+                self._accounting = False
+            else:
+                log.warning("event=sacct_failed job_ids=%s error=%r", ",".join(job_ids), str(exc))
+            return {}
+        if ACCOUNTING_DISABLED in proc.stdout or ACCOUNTING_DISABLED in proc.stderr:
+            log.info("event=accounting_disabled action=skip_sacct")
+            self._accounting = False
+            return {}
+        self._accounting = True
+        try:
+            return parse_sacct_output(proc.stdout, job_ids)
+        except ValueError as exc:
+            log.warning("event=sacct_unreadable job_ids=%s error=%r", ",".join(job_ids), str(exc))
+            return {}
+
+    def end_time(self, job_id: str, job_name: str | None = None) -> float | None:
+        """The job's end time (expected while it runs, actual once it ended).
+
+        With ``job_name`` this is one :meth:`query`; without, the id is looked
+        up alone (scontrol, then sacct).
+        """
+        job_id = check_job_id(job_id)
+        if job_name is not None:
+            return self.query(job_name, [job_id])[job_id].end_time
+        return self._resolve_missing([job_id], "")[job_id].end_time
+
+    # -- act ------------------------------------------------------------------
+
+    # scancel's answers for a job that has already ended or been purged.
+    _ALREADY_GONE = ("Invalid job id specified", "already completing or completed", "Job/step already")
+
+    def cancel(self, job_id: str) -> None:
+        job_id = check_job_id(job_id)
+        try:
+            self._call(["scancel", job_id])
+        except SchedulerError as exc:
+            if not any(text in exc.stderr for text in self._ALREADY_GONE):
+                raise
+            log.info("event=cancel_noop job_id=%s reason=%r", job_id, exc.stderr.strip())
+            return
+        log.info("event=cancelled job_id=%s", job_id)
+
+    def cancel_by_name(self, job_name: str) -> None:
+        check_job_name(job_name)
+        self._call(["scancel", f"--name={job_name}"])
+        log.info("event=cancelled_by_name job_name=%s", job_name)
+
+    def signal(self, job_id: str, signal_name: str, *, batch: bool = False) -> None:
+        job_id = check_job_id(job_id)
+        argv = ["scancel", f"--signal={normalise_signal(signal_name)}"]
+        if batch:
+            argv.append("--batch")
+        self._call(argv + [job_id])
+        log.info("event=signalled job_id=%s signal=%s batch=%s", job_id, argv[1].split("=", 1)[1], batch)
