@@ -1,0 +1,21 @@
+"""Fixtures for tests/.
+
+``slurm_lab`` (the real multi-node Slurm lab, session-scoped) is defined in
+``integration/conftest.py``; tests here that run against both scheduler
+backends (``test_scheduler_contract.py``) request it for their ``slurm``
+case, so it is re-exported here. pytest only shares fixtures down the
+directory tree, hence the import: the repository root goes on ``sys.path``
+so that ``integration`` is importable as a (namespace) package.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+if (ROOT / "integration" / "conftest.py").exists():
+    from integration.conftest import slurm_lab  # noqa: E402,F401 - re-exported fixture
