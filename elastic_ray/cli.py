@@ -30,13 +30,13 @@ def main() -> None:
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where job scripts and outputs go (must be on a filesystem every node sees). "
                    "Default: ./demo-session")
-@click.option("--sleep", type=click.FloatRange(min=0, max=600), default=4.0, show_default=True,
+@click.option("--sleep", type=click.FloatRange(min=0, max=600), default=6.0, show_default=True,
               help="How long each node's command runs.")
 def demo(scheduler: str, workdir: Path | None, sleep: float) -> None:
     """Submit three allocations of one session and watch their life as a table."""
     from .demo import run_demo
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 130)
     workdir = (workdir or Path.cwd() / "demo-session").absolute()
     try:
         sched = make_scheduler(scheduler, state_dir=workdir / "local-scheduler",

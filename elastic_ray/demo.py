@@ -27,7 +27,7 @@ from .scheduler.base import JobInfo, JobSpec, JobState, Scheduler
 NODE_PROGRAM = (
     "import os, socket, time;"
     "e = os.environ.get;"
-    "print('node', socket.gethostname(), 'job', e('SLURM_JOB_ID'), 'nodeid', e('SLURM_NODEID'),"
+    "print('node', e('SLURMD_NODENAME', socket.gethostname()), 'host', socket.gethostname(), 'job', e('SLURM_JOB_ID'), 'nodeid', e('SLURM_NODEID'),"
     " 'cpus', e('SLURM_CPUS_ON_NODE'), 'gpus', e('CUDA_VISIBLE_DEVICES', '-'), flush=True);"
     "time.sleep(float(e('DEMO_SLEEP', '4')))"
 )
@@ -76,11 +76,11 @@ def run_demo(scheduler: Scheduler, workdir: Path, console: Console, sleep: float
         SlurmWorkerAllocationConfig(partition="cpu", num_nodes=2, cpus_per_task=2, mem="512M",
                                     time_limit="5"), None, head)
     gpus = inherit_worker_config(
-        SlurmWorkerAllocationConfig(partition="gpu-a", gpus_per_node=2, cpus_per_task=2,
+        SlurmWorkerAllocationConfig(partition="gpu-a", num_nodes=1, gpus_per_node=2, cpus_per_task=2,
                                     ray_resources={"accelerator:a40": 1}), first, head)
     # Asks for every GPU of gpu-a while `gpus` holds two of them: it pends.
     waiting = inherit_worker_config(
-        SlurmWorkerAllocationConfig(partition="gpu-a", gpus_per_node=4, cpus_per_task=1), first, head)
+        SlurmWorkerAllocationConfig(partition="gpu-a", num_nodes=1, gpus_per_node=4, cpus_per_task=1), first, head)
 
     tracked: list[Tracked] = []
     for label, config in (("cpu x2", first), ("gpu-a 2 GPUs", gpus), ("gpu-a 4 GPUs", waiting)):
