@@ -1,16 +1,112 @@
-"""`elastic-agent`: the per-node agent's command line."""
+"""`elastic-agent`: the per-node agent's command line.
+
+``run`` is what the batch scripts start once per node; ``status`` is for a
+person logged into a node. Both take their defaults from the Slurm
+environment so a batch script stays one line.
+"""
 
 from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
 
 import click
 
 from .. import __version__
+from ..errors import ElasticRayError
+
+
+def resolve_node_ip(hostname: str) -> str:
+    """The address other nodes reach this node on.
+
+    ``ELASTIC_RAY_NODE_IP`` wins (the local scheduler sets it); otherwise the
+    first non-loopback address of the host name. 127.0.0.1 is refused
+    because Ray silently rewrites it to another interface.
+    """
+    configured = os.environ.get("ELASTIC_RAY_NODE_IP")
+    if configured:
+        return configured
+    try:
+        infos = socket.getaddrinfo(hostname, None, socket.AF_INET)
+    except socket.gaierror as exc:
+        raise click.UsageError(f"--node-ip: cannot resolve {hostname!r} ({exc}); pass --node-ip") from None
+    addresses = [info[4][0] for info in infos]
+    for address in addresses:
+        if not address.startswith("127."):
+            return address
+    raise click.UsageError(f"--node-ip: {hostname!r} resolves only to loopback {addresses}; pass --node-ip")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="elastic-agent")
 def main() -> None:
     """The per-node agent of elastic-ray: starts, supervises, drains and moves Ray."""
+
+
+@main.command()
+@click.option("--session", "session_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The run's session directory (shared by every node).")
+@click.option("--job", "job_id", envvar="SLURM_JOB_ID", required=True, help="Slurm job id [$SLURM_JOB_ID].")
+@click.option("--role", type=click.Choice(["head", "worker"]), required=True)
+@click.option("--spec", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="The worker allocation's config (written by the coordinator before submission).")
+@click.option("--node", envvar="SLURMD_NODENAME", default=None, help="Node name [$SLURMD_NODENAME, else host name].")
+@click.option("--node-ip", default=None, help="Address of this node [$ELASTIC_RAY_NODE_IP, else resolved].")
+@click.option("--node-index", envvar="SLURM_NODEID", type=click.IntRange(min=0), default=0,
+              help="Index of this node in the allocation [$SLURM_NODEID].")
+@click.option("--poll-interval", envvar="ELASTIC_AGENT_POLL_INTERVAL", type=click.FloatRange(min=0.05), default=1.0)
+@click.option("--head-lost-after", envvar="ELASTIC_AGENT_HEAD_LOST_AFTER", type=click.FloatRange(min=0.2), default=2.0)
+@click.option("--backoff-base", envvar="ELASTIC_AGENT_BACKOFF_BASE", type=click.FloatRange(min=0.0), default=2.0)
+@click.option("--start-timeout", envvar="ELASTIC_AGENT_START_TIMEOUT", type=click.FloatRange(min=1.0), default=120.0)
+def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str | None, node_ip: str | None,
+        node_index: int, poll_interval: float, head_lost_after: float, backoff_base: float,
+        start_timeout: float) -> None:
+    """Run the agent of one node (started by the batch script through srun)."""
+    from ..protocol.records import check_job_id
+    from .runner import Agent, AgentOptions
+
+    try:
+        check_job_id(job_id, "--job")
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    node = node or socket.gethostname()
+    node_ip = node_ip or resolve_node_ip(node)
+    log_file = session_dir / "logs" / f"agent-{job_id}-{node}.log"
+    _setup_logging(log_file)
+    click.echo(f"elastic-agent {__version__}: job {job_id} node {node} ({node_ip}) role {role}; log: {log_file}",
+               err=True)
+    try:
+        agent = Agent(AgentOptions(session=session_dir, job_id=job_id, role=role, node=node, node_ip=node_ip,
+                                   node_index=node_index, spec=spec, poll_interval=poll_interval,
+                                   head_lost_after=head_lost_after, backoff_base=backoff_base,
+                                   start_timeout=start_timeout))
+    except (ElasticRayError, ValueError, OSError) as exc:
+        raise click.ClickException(f"cannot start the agent: {exc}") from None
+    sys.exit(agent.run())
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(as_json: bool) -> None:
+    """Every agent on this node: role, state, head, Ray node, ports, restarts, drain."""
+    from .status import collect, render_json, render_text
+
+    views = collect()
+    click.echo(render_json(views) if as_json else render_text(views))
+
+
+def _setup_logging(log_file: Path) -> None:
+    """One structured line per event, to the session's log folder and stderr
+    (stderr lands in the Slurm job's output)."""
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for handler in (logging.FileHandler(log_file), logging.StreamHandler(sys.stderr)):
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

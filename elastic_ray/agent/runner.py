@@ -1,0 +1,634 @@
+"""The agent's event loop: the effect shell around :mod:`agent.machine`.
+
+One thread waits on everything that can happen (control socket, head
+heartbeat, signals and results of slow actions, through one wake-up pipe)
+with a timeout that is the time to the next timer, so an idle agent sleeps.
+A second thread carries out slow actions (start Ray and wait for it to join,
+drain through a GCS probe, stop Ray) in order, and posts their outcome back
+as events. Decisions stay in the machine; this module only observes and acts.
+
+The agent never imports Ray: that alone would cost 75 MB of resident
+memory, more than an idle agent may use. GCS operations run in a
+short-lived probe process (``agent.gcs``).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import queue
+import shutil
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import zmq
+
+from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from ..launcher import RayLauncher
+from ..protocol.atomic import read_json
+from ..protocol.channel import ControlServer, HeartbeatPublisher, HeartbeatSubscriber
+from ..protocol.records import HeadEndpoint
+from ..protocol.session_dir import SessionDir
+from ..scheduler.base import JobState
+from . import gcs
+from .machine import (
+    Context,
+    DrainRay,
+    DrainRequested,
+    Event,
+    Exit,
+    HeadSeen,
+    PublishHead,
+    RayEnded,
+    RayJoined,
+    Settings,
+    ShutdownRequested,
+    StartRay,
+    State,
+    StopRay,
+    Tick,
+    initial,
+    step,
+)
+from .ray_args import build_ray_start, choose_ports, slurm_cpus_on_node, slurm_memory_bytes, worker_gpus
+from .ray_node import RayNode
+from .status import REFRESH_SECONDS, status_path, write_status
+
+log = logging.getLogger("elastic_ray.agent")
+
+# Slurm may deliver the pre-walltime warning up to 30 s early; the drain is
+# timed from the job's end time instead, leaving Ray this long to stop cleanly.
+WALLTIME_MARGIN = 15.0
+# When the signal comes because the job is being ended (scancel, timeout),
+# Slurm kills everything after KillWait; stop well before that.
+ENDING_GRACE = 3.0
+DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def drain_deadline_for_signal(now: float, job_state: JobState | None, end_time: float | None) -> float:
+    """Pure: when a signal-triggered drain must be finished.
+
+    A running job with a known end time got the pre-walltime warning: drain
+    until 15 s before the end. Anything else (the job is being cancelled or
+    timed out, or Slurm did not answer) leaves a few seconds only.
+    """
+    if job_state is JobState.RUNNING and end_time is not None and end_time - WALLTIME_MARGIN > now:
+        return end_time - WALLTIME_MARGIN
+    return now + ENDING_GRACE
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    session: Path
+    job_id: str
+    role: str                      # "head" or "worker"
+    node: str                      # Slurm node name
+    node_ip: str
+    node_index: int = 0            # SLURM_NODEID: node 0 may host an elected head
+    spec: Path | None = None       # the worker allocation's config (JSON)
+    poll_interval: float = 1.0     # how often the ray_head pointer is read
+    heartbeat_interval: float = 0.5
+    head_lost_after: float = 2.0   # silence after which a head counts as lost
+    backoff_base: float = 2.0
+    backoff_max: float = 60.0
+    start_timeout: float = 120.0
+
+
+@dataclass
+class _HeadWatch:
+    """What this agent knows about the head named by ``ray_head``."""
+
+    job: str | None = None
+    endpoint: HeadEndpoint | None = None
+    subscriber: HeartbeatSubscriber | None = None
+    last_beat: float | None = None
+    beat_ok: bool = False
+    beat_draining: bool = False
+
+    def seen(self, now: float, lost_after: float) -> HeadSeen:
+        live = (self.endpoint is not None and self.last_beat is not None and self.beat_ok
+                and now - self.last_beat <= lost_after)
+        return HeadSeen(now, self.job, self.endpoint.address if self.endpoint else None, live)
+
+
+@dataclass
+class _RayHandle:
+    generation: int
+    node: RayNode
+    temp_dir: str
+    address: str | None
+    ports: dict[str, int] = field(default_factory=dict)
+    raylet: psutil.Process | None = None
+    reported: bool = False  # its end was already fed to the machine
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class Agent:
+    def __init__(self, options: AgentOptions):
+        self.o = options
+        self.session = SessionDir.open(options.session)
+        self.info = self.session.info()
+        self.secret = self.session.secret()
+        self.launcher = RayLauncher.from_dict(self.info.launcher)
+        self.allocation = self._load_allocation()
+        rejoin = getattr(self.allocation, "rejoin_timeout", 600.0)
+        self.settings = Settings(role=options.role, rejoin_timeout=rejoin, backoff_base=options.backoff_base,
+                                 backoff_max=options.backoff_max, start_timeout=options.start_timeout)
+        self.started_at = time.time()
+        self.pid_create_time = psutil.Process().create_time()
+        self.status_file = status_path(options.job_id, options.node, os.getpid())
+        self.ctx: Context
+        self.head = _HeadWatch()
+        self.ray: _RayHandle | None = None
+        self.hosted: _RayHandle | None = None
+        self.hosted_state: dict[str, Any] | None = None
+        self.generation = 0
+        self._events: "queue.Queue[tuple[int | None, Event]]" = queue.Queue()
+        self._work: "queue.Queue[Callable[[], None] | None]" = queue.Queue()
+        self._signals: list[int] = []
+        self._exit_code: int | None = None
+        self._next_beat = 0.0
+        self._next_pointer = 0.0
+        self._next_status = 0.0
+        self.zctx = zmq.Context.instance()
+        self.control = ControlServer(self.secret, self.info.session_id, options.node_ip, context=self.zctx)
+        self.publisher: HeartbeatPublisher | None = None
+        if options.role == "head":
+            self.publisher = HeartbeatPublisher(self.secret, self.info.session_id, options.node_ip,
+                                                context=self.zctx)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    # ------------------------------------------------------------ setup
+    def _load_allocation(self) -> SlurmRunAllocationConfig:
+        if self.o.role == "head":
+            return SlurmRunAllocationConfig.from_dict(self.info.head)
+        if self.o.spec is not None:
+            data = read_json(self.o.spec)
+            return SlurmWorkerAllocationConfig.from_dict(data.get("config", data))
+        if self.info.worker_allocation is not None:
+            return SlurmWorkerAllocationConfig.from_dict(self.info.worker_allocation)
+        return SlurmWorkerAllocationConfig()
+
+    def _log(self, event: str, **fields: Any) -> None:
+        state = self.ctx.state.value if hasattr(self, "ctx") else "-"
+        extra = " ".join(f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}" for k, v in fields.items())
+        log.info("event=%s job=%s node=%s role=%s state=%s %s", event, self.o.job_id, self.o.node, self.o.role,
+                 state, extra)
+
+    # ------------------------------------------------------------ public
+    def run(self) -> int:
+        """Run until the machine says exit; returns the process exit code."""
+        for sig in DRAIN_SIGNALS:
+            signal.signal(sig, self._on_signal)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        worker = threading.Thread(target=self._work_loop, name="agent-effects", daemon=True)
+        worker.start()
+        self.ctx, actions = initial(self.settings, time.time(), self.o.job_id)
+        self._log("agent_started", control=self.control.endpoint, pid=os.getpid())
+        self._publish_status(force_session=True)
+        self._act(actions)
+        try:
+            self._loop()
+        finally:
+            self._shutdown()
+            self._work.put(None)
+            worker.join(timeout=30)
+        return self._exit_code if self._exit_code is not None else 0
+
+    # ------------------------------------------------------------ loop
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.control.socket, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        subscribed = None
+        while self._exit_code is None:
+            now = time.time()
+            if self.head.subscriber is not subscribed:
+                if subscribed is not None:
+                    poller.unregister(subscribed.socket)
+                subscribed = self.head.subscriber
+                if subscribed is not None:
+                    poller.register(subscribed.socket, zmq.POLLIN)
+            timeout = max(0.0, min(self._next_pointer, self._next_beat if self._beats_due() else 1e300,
+                                   self._next_status) - now)
+            try:
+                ready = dict(poller.poll(timeout=min(timeout, 1.0) * 1000))
+            except zmq.ZMQError as exc:
+                if exc.errno == errno.EINTR:
+                    ready = {}
+                else:
+                    raise
+            now = time.time()
+            if self.control.socket in ready:
+                self.control.handle_ready(self._on_request)
+            if subscribed is not None and subscribed.socket in ready:
+                self._read_heartbeats(now)
+            if self._wake_r in ready:
+                self._drain_wake_pipe()
+            self._handle_signals(now)
+            self._handle_posted_events()
+            if now >= self._next_pointer:
+                self._next_pointer = now + self.o.poll_interval
+                self._refresh_head(now)
+            self._watch_ray(now)
+            self._feed(self.head.seen(now, self.o.head_lost_after))
+            self._feed(Tick(now))
+            if self._beats_due() and now >= self._next_beat:
+                self._next_beat = now + self.o.heartbeat_interval
+                self._beat()
+            if now >= self._next_status:
+                self._publish_status()
+
+    def _feed(self, event: Event) -> None:
+        if self._exit_code is not None:
+            return
+        before = self.ctx
+        self.ctx, actions = step(self.ctx, event)
+        if self.ctx.state is not before.state:
+            self._log("state_changed", previous=before.state.value, reason=self.ctx.reason)
+            self._publish_status(force_session=True)
+        self._act(actions)
+
+    def _act(self, actions: list) -> None:
+        for action in actions:
+            if isinstance(action, StartRay):
+                self.generation += 1
+                gen = self.generation
+                self._work.put(lambda a=action, g=gen: self._start_ray(a.head_address, g))
+            elif isinstance(action, StopRay):
+                handle, self.ray = self.ray, None
+                if handle is not None:
+                    self._work.put(lambda h=handle, g=action.graceful: self._stop_ray(h, g))
+            elif isinstance(action, DrainRay):
+                handle = self.ray
+                if handle is not None:
+                    self._work.put(lambda a=action, h=handle: self._drain_ray(h, a))
+            elif isinstance(action, PublishHead):
+                self._publish_head()
+            elif isinstance(action, Exit):
+                self._exit_code = action.code
+
+    # ------------------------------------------------------------ observations
+    def _refresh_head(self, now: float) -> None:
+        job = self.session.read_ray_head()
+        if self.o.role == "head":
+            # A head only needs to know whether the session moved the head away.
+            self.head.job = job
+            return
+        if job != self.head.job:
+            self._subscribe(None)
+            self.head = _HeadWatch(job=job)
+            self._log("head_pointer", head_job=job)
+        if self.head.job is not None and self.head.endpoint is None:
+            endpoint = self.session.read_head_endpoint(self.head.job)
+            if endpoint is not None and "heartbeat" in endpoint.ports:
+                self.head.endpoint = endpoint
+                host = endpoint.address.rpartition(":")[0]
+                self._subscribe(HeartbeatSubscriber(f"tcp://{host}:{endpoint.ports['heartbeat']}", self.secret,
+                                                    self.info.session_id, context=self.zctx))
+
+    def _subscribe(self, subscriber: HeartbeatSubscriber | None) -> None:
+        if self.head.subscriber is not None:
+            self.head.subscriber.close()
+        self.head.subscriber = subscriber
+
+    def _read_heartbeats(self, now: float) -> None:
+        sub = self.head.subscriber
+        if sub is None:
+            return
+        while True:
+            envelope = sub.poll(0)
+            if envelope is None:
+                return
+            body = envelope.body
+            if body.get("head_job") != self.head.job:
+                continue
+            self.head.last_beat = now
+            self.head.beat_ok = bool(body.get("ray_ok"))
+            self.head.beat_draining = bool(body.get("draining"))
+
+    def _watch_ray(self, now: float) -> None:
+        handle = self.ray
+        if handle is not None and not handle.reported:
+            rc = handle.node.poll_exit()
+            if rc is not None:
+                handle.reported = True
+                self._feed(RayEnded(now, f"ray start exited with {rc}"))
+            elif handle.raylet is not None and not _proc_alive(handle.raylet):
+                # A drained raylet exits 0 while `ray start --block` stays up.
+                handle.reported = True
+                self._feed(RayEnded(now, "the raylet ended"))
+        hosted = self.hosted
+        if hosted is not None and self.hosted_state and self.hosted_state.get("state") == "READY":
+            if hosted.node.poll_exit() is not None:
+                self.hosted_state = {"state": "FAILED", "reason": "the hosted head's Ray stopped", "at": now}
+                self._log("hosted_head_failed")
+                self._publish_status(force_session=True)
+
+    # ------------------------------------------------------------ signals and posted events
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._signals.append(signum)
+
+    def _drain_wake_pipe(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass
+
+    def _handle_signals(self, now: float) -> None:
+        while self._signals:
+            signum = self._signals.pop(0)
+            name = signal.Signals(signum).name
+            self._log("signal", signal=name)
+            self._work.put(lambda n=name: self._drain_for_signal(n))
+
+    def _post(self, generation: int | None, event: Event) -> None:
+        self._events.put((generation, event))
+        self._wake()
+
+    def _handle_posted_events(self) -> None:
+        while True:
+            try:
+                generation, event = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if generation is not None and generation != self.generation:
+                continue  # about a Ray node we have already replaced
+            self._feed(event)
+
+    # ------------------------------------------------------------ control requests
+    def _on_request(self, envelope: Any) -> dict[str, Any]:
+        kind, body, now = envelope.kind, envelope.body, time.time()
+        self._log("request", kind=kind)
+        if kind == "status":
+            return {"ok": True, "status": self._status()}
+        if kind == "drain":
+            self._feed(DrainRequested(now, float(body["deadline"]), str(body.get("reason") or "drain request")))
+            return {"ok": True, "state": self.ctx.state.value}
+        if kind == "follow":
+            self._next_pointer = 0.0  # read the pointer now rather than at the next poll
+            return {"ok": True, "state": self.ctx.state.value}
+        if kind == "shutdown":
+            self._feed(ShutdownRequested(now, str(body.get("reason") or "shutdown request")))
+            return {"ok": True, "state": self.ctx.state.value}
+        if kind == "host_head":
+            return self._host_head_request()
+        return {"ok": False, "error": f"unsupported request {kind}"}
+
+    # ------------------------------------------------------------ effects (run on the effects thread)
+    def _work_loop(self) -> None:
+        while True:
+            job = self._work.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception as exc:  # an effect must never kill the agent
+                log.exception("event=effect_failed job=%s node=%s error=%s", self.o.job_id, self.o.node, exc)
+
+    def _temp_dir(self, suffix: str) -> str:
+        # Short on purpose: Ray puts Unix sockets under it (107-byte limit).
+        # The session id keeps two runs whose job ids coincide (two local
+        # clusters both start at job 1) apart on a shared /tmp.
+        return f"/tmp/er/{self.info.session_id[:8]}/{self.o.job_id}.{self.o.node_index}{suffix}"
+
+    def _start_ray(self, head_address: str | None, generation: int, *, hosted: bool = False) -> None:
+        role = "head" if (self.o.role == "head" or hosted) else "worker"
+        temp_dir = self._temp_dir("h" if role == "head" else "w")
+        Path(temp_dir).mkdir(parents=True, exist_ok=True)
+        ports = choose_ports(self.launcher.port_strategy, self.o.job_id, role, _free_port,
+                             head_port=self.launcher.head_port)
+        if role == "head":
+            cmd = build_ray_start("head", job_id=self.o.job_id, node_ip=self.o.node_ip, temp_dir=temp_dir,
+                                  launcher=self.launcher, ports=ports)
+        else:
+            alloc = self.allocation if isinstance(self.allocation, SlurmWorkerAllocationConfig) else None
+            cmd = build_ray_start(
+                "worker", job_id=self.o.job_id, node_ip=self.o.node_ip, temp_dir=temp_dir, launcher=self.launcher,
+                ports=ports, allocation=alloc, head_address=head_address,
+                num_cpus=slurm_cpus_on_node(os.environ) or 1, num_gpus=worker_gpus(self.launcher, alloc),
+                memory_bytes=slurm_memory_bytes(os.environ),
+                labels={"slurm.job-id": self.o.job_id, "slurm.node": self.o.node})
+        log_path = self.session.log_dir / f"ray-{self.o.job_id}-{self.o.node}-{role}{'-hosted' if hosted else ''}.log"
+        started = time.time()
+        node = RayNode.start(cmd, log_path)
+        handle = _RayHandle(generation, node, temp_dir, head_address, dict(ports))
+        if hosted:
+            self.hosted = handle
+        elif generation == self.generation:
+            self.ray = handle
+        else:
+            node.kill()  # superseded while we were launching it
+            return
+        address = head_address if role == "worker" else cmd.gcs_address
+        deadline = started + self.o.start_timeout
+        node_id = None
+        while time.time() < deadline:
+            if node.poll_exit() is not None:
+                break
+            if not hosted and generation != self.generation:
+                return
+            try:
+                # A head's own raylet registers like any node, so both roles
+                # learn their node id the same way once the GCS lists it.
+                node_id = gcs.own_node_id(address, temp_dir, timeout=15)
+            except gcs.ProbeError as exc:
+                self._log("probe_failed", error=str(exc)[:200])
+            if node_id:
+                break
+            time.sleep(0.2)
+        handle.raylet = _find_proc(node.raylet_pid())
+        if hosted:
+            self._hosted_ready(handle, node_id, address)
+            return
+        if node_id:
+            self._log("ray_joined", node_id=node_id, seconds=f"{time.time() - started:.2f}")
+            self._post(generation, RayJoined(time.time(), node_id))
+        else:
+            rc = node.poll_exit()
+            self._post(generation, RayEnded(time.time(), f"did not join (ray start exit {rc}); see {log_path}"))
+
+    def _stop_ray(self, handle: _RayHandle, graceful: bool) -> None:
+        report = handle.node.stop(grace=5.0) if graceful else handle.node.kill()
+        self._log("ray_stopped", graceful=graceful, seconds=f"{report.seconds:.2f}",
+                  killed=",".join(report.killed) or "-")
+        # Ray's per-node files (sockets, spilled objects, its own logs) are
+        # of no use once the node is gone; our log of `ray start` is kept.
+        shutil.rmtree(handle.temp_dir, ignore_errors=True)
+
+    def _drain_ray(self, handle: _RayHandle, action: DrainRay) -> None:
+        address = handle.address
+        if address is None:
+            return
+        try:
+            result = gcs.drain_node(address, action.node_id, reason="preemption", message=action.reason[:200],
+                                    deadline_ms=int(action.deadline * 1000), timeout=20)
+            self._log("drain_requested", accepted=result.accepted, message=result.message or "-")
+        except gcs.ProbeError as exc:
+            self._log("drain_failed", error=str(exc)[:200])
+
+    def _drain_for_signal(self, signal_name: str) -> None:
+        """Find out why the signal came, then drain with the right deadline."""
+        now = time.time()
+        state, end = None, None
+        try:
+            from ..scheduler.factory import make_scheduler
+
+            sched = make_scheduler(self.info.scheduler["kind"], state_dir=self.info.scheduler.get("state_dir"))
+            info = sched.query(self.info.job_name, [self.o.job_id]).get(self.o.job_id)
+            if info is not None:
+                state, end = info.state, info.end_time
+        except Exception as exc:
+            self._log("end_time_unknown", error=str(exc)[:200])
+        deadline = drain_deadline_for_signal(now, state, end)
+        self._log("signal_drain", signal=signal_name, job_state=state.value if state else "-",
+                  deadline_in=f"{deadline - now:.1f}s")
+        self._post(None, DrainRequested(time.time(), deadline, f"{signal_name} (job {state.value if state else '?'})"))
+
+    # ------------------------------------------------------------ head publishing
+    def _beats_due(self) -> bool:
+        return self.publisher is not None and (self.o.role == "head" or self.hosted is not None)
+
+    def _beat(self) -> None:
+        if self.publisher is None:
+            return
+        if self.o.role == "head":
+            ok = self.ray is not None and self.ctx.state in (State.JOINED, State.DRAINING)
+            draining = self.ctx.state is State.DRAINING
+        else:
+            ok = bool(self.hosted_state and self.hosted_state.get("state") == "READY")
+            draining = False
+        self.publisher.publish({"head_job": self.o.job_id, "ray_ok": ok, "draining": draining})
+
+    def _publish_head(self) -> None:
+        handle = self.ray
+        if handle is None or self.publisher is None:
+            return
+        self._write_endpoint(handle)
+
+    def _write_endpoint(self, handle: _RayHandle) -> None:
+        assert self.publisher is not None
+        ports = {k: v for k, v in handle.ports.items() if isinstance(v, int) and v > 0}
+        ports["gcs_port"] = int(handle.address.rpartition(":")[2]) if handle.address else ports.get("gcs_port", 0)
+        ports["heartbeat"] = int(self.publisher.endpoint.rpartition(":")[2])
+        ports["control"] = int(self.control.endpoint.rpartition(":")[2])
+        endpoint = HeadEndpoint(job_id=self.o.job_id, host=self.o.node, address=f"{self.o.node_ip}:{ports['gcs_port']}",
+                                ray_version=_ray_version(), started_at=time.time(), ports=ports)
+        self.session.write_head_endpoint(endpoint)
+        self._log("head_published", address=endpoint.address)
+
+    def _host_head_request(self) -> dict[str, Any]:
+        if self.o.role != "worker" or self.o.node_index != 0:
+            return {"ok": False, "error": "only the first node of a worker allocation hosts a head"}
+        if not self.launcher.can_host_elected_head:
+            return {"ok": False, "error": f"port_strategy {self.launcher.port_strategy!r} cannot host a head"}
+        if self.hosted_state and self.hosted_state.get("state") in ("STARTING", "READY"):
+            return {"ok": True, "hosted_head": self.hosted_state}
+        self.hosted_state = {"state": "STARTING", "at": time.time()}
+        if self.publisher is None:
+            self.publisher = HeartbeatPublisher(self.secret, self.info.session_id, self.o.node_ip, context=self.zctx)
+        self._work.put(lambda: self._start_ray(None, 0, hosted=True))
+        self._publish_status(force_session=True)
+        return {"ok": True, "hosted_head": self.hosted_state}
+
+    def _hosted_ready(self, handle: _RayHandle, node_id: str | None, address: str) -> None:
+        if node_id and handle.node.poll_exit() is None:
+            self._write_endpoint(handle)
+            self.hosted_state = {"state": "READY", "address": address, "at": time.time()}
+            self._log("hosted_head_ready", address=address)
+        else:
+            handle.node.kill()
+            self.hosted = None
+            self.hosted_state = {"state": "FAILED", "reason": "the head did not start; see the Ray log",
+                                 "at": time.time()}
+            self._log("hosted_head_failed")
+        self._wake()
+        self._next_status = 0.0
+
+    # ------------------------------------------------------------ status
+    def _status(self) -> dict[str, Any]:
+        c = self.ctx
+        handle = self.ray
+        return {
+            "session": str(self.session.path), "job_id": self.o.job_id, "node": self.o.node,
+            "node_ip": self.o.node_ip, "role": self.o.role, "state": c.state.value, "reason": c.reason,
+            "head_job": c.head_job, "head_address": c.head_address, "node_id": c.node_id,
+            "ports": dict(handle.ports) if handle else {}, "restarts": c.restarts, "failures": c.failures,
+            "next_retry_at": c.next_retry_at, "drain_deadline": c.drain_deadline,
+            "no_head_since": c.no_head_since, "started_at": self.started_at, "updated_at": time.time(),
+            "pid": os.getpid(), "pid_create_time": self.pid_create_time, "control": self.control.endpoint,
+            "hosted_head": self.hosted_state, "history": list(c.history[-5:]),
+            "exited": self._exit_code is not None, "exit_code": self._exit_code,
+        }
+
+    def _publish_status(self, force_session: bool = False) -> None:
+        status = self._status()
+        self._next_status = time.time() + REFRESH_SECONDS
+        try:
+            write_status(self.status_file, status)
+            if force_session:
+                self.session.write_node_state(self.o.job_id, self.o.node, status)
+        except OSError as exc:
+            log.warning("event=status_write_failed job=%s node=%s error=%s", self.o.job_id, self.o.node, exc)
+
+    # ------------------------------------------------------------ shutdown
+    def _shutdown(self) -> None:
+        for handle in (self.ray, self.hosted):
+            if handle is not None:
+                try:
+                    handle.node.stop(grace=5.0)
+                except Exception as exc:
+                    log.warning("event=stop_failed job=%s error=%s", self.o.job_id, exc)
+        self.ray = self.hosted = None
+        self._log("agent_exit", code=self._exit_code)
+        self._publish_status(force_session=True)
+        self._subscribe(None)
+        self.control.close()
+        if self.publisher is not None:
+            self.publisher.close()
+        signal.set_wakeup_fd(-1)
+
+
+def _proc_alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _find_proc(pid: int | None) -> psutil.Process | None:
+    if not pid:
+        return None
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _ray_version() -> str:
+    try:
+        return metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        return "unknown"

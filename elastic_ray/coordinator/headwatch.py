@@ -1,0 +1,107 @@
+"""Observe the current head through its signed heartbeat.
+
+The head's agent publishes a heartbeat every 0.5 s saying whether its Ray
+runs and whether it drains. Subscribing to it tells a coordinator within
+about two seconds that the head is gone, with no Slurm query and no Ray
+import, which is what lets a run notice head loss with no caller waiting.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from ..protocol.channel import HeartbeatSubscriber
+from ..protocol.session_dir import SessionDir
+
+HEAD_LOST_AFTER = 2.0
+
+
+@dataclass(frozen=True)
+class HeadObservation:
+    job: str | None            # what ray_head names
+    address: str | None        # its GCS address, once published
+    alive: bool                # a heartbeat with ray_ok within HEAD_LOST_AFTER
+    draining: bool
+    last_beat_age: float | None
+
+
+class HeadWatch:
+    """Follows ``ray_head`` and listens to that head's heartbeat. Thread-safe."""
+
+    def __init__(self, directory: SessionDir, secret: bytes, session_id: str,
+                 lost_after: float = HEAD_LOST_AFTER):
+        self.dir = directory
+        self.secret = secret
+        self.session_id = session_id
+        self.lost_after = lost_after
+        self._lock = threading.Lock()
+        self._job: str | None = None
+        self._address: str | None = None
+        self._sub: HeartbeatSubscriber | None = None
+        self._subscribed_at = 0.0
+        self._last_beat: float | None = None
+        self._ok = False
+        self._draining = False
+        self._ctx = zmq.Context.instance()
+
+    def _follow_pointer(self) -> None:
+        job = self.dir.read_ray_head()
+        if job != self._job:
+            self._close_sub()
+            self._job, self._address, self._last_beat, self._ok, self._draining = job, None, None, False, False
+        if self._job is not None and self._sub is None:
+            endpoint = self.dir.read_head_endpoint(self._job)
+            if endpoint is not None and "heartbeat" in endpoint.ports:
+                host = endpoint.address.rpartition(":")[0]
+                self._address = endpoint.address
+                self._sub = HeartbeatSubscriber(f"tcp://{host}:{endpoint.ports['heartbeat']}", self.secret,
+                                                self.session_id, context=self._ctx)
+                self._subscribed_at = time.time()
+
+    def _read(self, wait: float) -> None:
+        if self._sub is None:
+            if wait > 0:
+                time.sleep(min(wait, 0.2))
+            return
+        deadline = time.time() + wait
+        while True:
+            envelope = self._sub.poll(max(0.0, deadline - time.time()))
+            if envelope is None:
+                return
+            body = envelope.body
+            if body.get("head_job") == self._job:
+                self._last_beat = time.time()
+                self._ok = bool(body.get("ray_ok"))
+                self._draining = bool(body.get("draining"))
+            if time.time() >= deadline:
+                return
+
+    def observe(self, wait: float = 0.0) -> HeadObservation:
+        """Current view; ``wait`` seconds are spent listening first.
+
+        Right after subscribing, no heartbeat can have arrived yet, so the
+        first observation waits up to ``lost_after`` for one rather than
+        calling a healthy head dead.
+        """
+        with self._lock:
+            self._follow_pointer()
+            if self._sub is not None and self._last_beat is None:
+                wait = max(wait, self.lost_after - (time.time() - self._subscribed_at))
+            self._read(wait)
+            now = time.time()
+            age = None if self._last_beat is None else now - self._last_beat
+            alive = age is not None and age <= self.lost_after and self._ok
+            return HeadObservation(self._job, self._address, alive, self._draining, age)
+
+    def _close_sub(self) -> None:
+        if self._sub is not None:
+            self._sub.close()
+            self._sub = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_sub()

@@ -1,0 +1,502 @@
+"""Session: the coordinator library a run programs against.
+
+Any process of a run may hold a Session on the same directory at the same
+time (the supervisor, every payload step, a CLI in another shell): all
+shared state lives in the session directory, changed under its lock, and
+Slurm is asked about all of the session's jobs in one query per poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..config import (
+    SlurmRunAllocationConfig,
+    SlurmWorkerAllocationConfig,
+    inherit_worker_config,
+    resolve_head_config,
+)
+from ..errors import ConfigError, ElasticRayError, SchedulerError
+from ..launcher import RayLauncher
+from ..protocol.channel import ControlClient, ControlError
+from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
+from ..protocol.session_dir import SessionDir
+from ..scheduler.base import JobInfo, JobState, Scheduler
+from ..scheduler.factory import make_scheduler
+from . import election, submit
+from .headwatch import HeadObservation, HeadWatch
+
+log = logging.getLogger("elastic_ray.coordinator")
+
+POLL_INTERVAL = 0.5
+CONTROL_TIMEOUT = 3.0
+# How long a newly elected or submitted head may take to answer before its
+# silence counts as a failure.
+HEAD_START_GRACE = 120.0
+
+
+class AllocationFailed(ElasticRayError):
+    """A worker allocation ended before all of its nodes joined."""
+
+    def __init__(self, message: str, *, state: str, job_id: str):
+        self.state = state
+        self.job_id = job_id
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class WorkerAllocation:
+    """A handle on one worker allocation; cheap, and valid in any process."""
+
+    session: "Session"
+    job_id: str
+
+    def request_drain(self, drain_timeout: float = 900.0, reason: str = "request_drain") -> int:
+        """Ask every node of the allocation to drain; returns how many agents took it."""
+        return self.session._drain_job(self.job_id, drain_timeout, reason)
+
+    @property
+    def config(self) -> SlurmWorkerAllocationConfig:
+        rec = self.session.record().workers[self.job_id]
+        return SlurmWorkerAllocationConfig.from_dict(rec.config)
+
+    def __repr__(self) -> str:
+        return f"WorkerAllocation(job_id={self.job_id!r})"
+
+
+@dataclass(frozen=True)
+class Head:
+    """The session's current, healthy head."""
+
+    job_id: str
+    address: str
+
+
+class Session:
+    def __init__(self, directory: SessionDir, scheduler: Scheduler | None = None, *,
+                 claim_period: float = election.DEFAULT_CLAIM_PERIOD):
+        self.dir = directory
+        self.info: SessionInfo = directory.info()
+        self.launcher = RayLauncher.from_dict(self.info.launcher)
+        self.scheduler = scheduler or make_scheduler(self.info.scheduler["kind"],
+                                                     state_dir=self.info.scheduler.get("state_dir"))
+        self.claim_period = claim_period
+        self._secret: bytes | None = None
+        self._watch: HeadWatch | None = None
+        self._head_started_at: dict[str, float] = {}
+
+    # ------------------------------------------------------------ create / open
+    @classmethod
+    def create(
+        cls,
+        path: str | Path,
+        *,
+        head: SlurmRunAllocationConfig,
+        scheduler: str | Scheduler = "local",
+        launcher: RayLauncher | None = None,
+        ray_head_only: bool = True,
+        worker_allocation: SlurmWorkerAllocationConfig | None = None,
+        job_name: str | None = None,
+        local_state_dir: str | Path | None = None,
+    ) -> "Session":
+        """Create the session directory and submit the head (and the first worker).
+
+        Returns on submission; ``wait_for_head`` waits for the head to be ready.
+        """
+        if not isinstance(head, SlurmRunAllocationConfig):
+            raise ConfigError("head", head, "must be a SlurmRunAllocationConfig")
+        if worker_allocation is not None and not isinstance(worker_allocation, SlurmWorkerAllocationConfig):
+            raise ConfigError("worker_allocation", worker_allocation, "must be a SlurmWorkerAllocationConfig")
+        launcher = launcher or RayLauncher()
+        head = resolve_head_config(head)
+        path = Path(path).absolute()
+        job_name = check_job_name(job_name or f"er-{uuid.uuid4().hex[:8]}")
+        if isinstance(scheduler, Scheduler):
+            sched_obj, kind = scheduler, scheduler.kind
+            state_dir = getattr(scheduler, "state_dir", None)
+        elif scheduler in ("local", "slurm"):
+            kind = scheduler
+            state_dir = Path(local_state_dir).absolute() if local_state_dir else path / "local-scheduler"
+            sched_obj = None
+        else:
+            raise ConfigError("scheduler", scheduler, "must be 'local', 'slurm' or a Scheduler")
+        sched_info: dict[str, Any] = {"kind": kind}
+        if kind == "local":
+            sched_info["state_dir"] = str(state_dir)
+        info = SessionInfo(session_id=uuid.uuid4().hex, job_name=job_name, created_at=time.time(),
+                           scheduler=sched_info, head=head.to_dict(), ray_head_only=ray_head_only,
+                           worker_allocation=None if worker_allocation is None else worker_allocation.to_dict(),
+                           launcher=launcher.to_dict())
+        directory = SessionDir.create(path, info)
+        session = cls(directory, sched_obj)
+        session._submit_head()
+        if worker_allocation is not None:
+            session.add_worker_allocation(worker_allocation)
+        return session
+
+    @classmethod
+    def open(cls, path: str | Path, scheduler: Scheduler | None = None, *,
+             claim_period: float = election.DEFAULT_CLAIM_PERIOD) -> "Session":
+        return cls(SessionDir.open(path), scheduler, claim_period=claim_period)
+
+    # ------------------------------------------------------------ views
+    @property
+    def path(self) -> Path:
+        return self.dir.path
+
+    @property
+    def job_name(self) -> str:
+        return self.info.job_name
+
+    def record(self) -> AllocationRecord:
+        return self.dir.read_allocation()
+
+    def head_config(self) -> SlurmRunAllocationConfig:
+        return SlurmRunAllocationConfig.from_dict(self.info.head)
+
+    def query(self, extra: list[str] | None = None) -> dict[str, JobInfo]:
+        """Every job of the session in one scheduler call."""
+        rec = self.record()
+        ids = set(rec.workers) | set(extra or [])
+        if rec.head_job:
+            ids.add(rec.head_job)
+        return self.scheduler.query(self.job_name, sorted(ids, key=int))
+
+    @property
+    def worker_allocations(self) -> list[WorkerAllocation]:
+        """Live worker allocations (pending or running, not removed), from the shared record."""
+        rec = self.record()
+        jobs = self.query()
+        live = []
+        for job_id, worker in sorted(rec.workers.items(), key=lambda kv: int(kv[0])):
+            info = jobs.get(job_id)
+            if worker.state == "removed" or (info is not None and info.state.is_final):
+                continue
+            live.append(WorkerAllocation(self, job_id))
+        return live
+
+    # ------------------------------------------------------------ head
+    def _submit_head(self) -> str:
+        spec = submit.head_spec(self.dir, self.job_name, self.head_config(), self.launcher)
+        job_id = self.scheduler.submit(spec)
+        self.dir.update_allocation(lambda r: replace(r, head_job=job_id))
+        self.dir.write_ray_head(job_id)
+        log.info("event=head_submitted session=%s job=%s", self.job_name, job_id)
+        return job_id
+
+    def wait_for_head(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> str:
+        """Wait until the current head has published its endpoint; returns its address."""
+        deadline = time.monotonic() + timeout
+        while True:
+            head = self.dir.read_ray_head()
+            if head is not None:
+                endpoint = self.dir.read_head_endpoint(head)
+                if endpoint is not None:
+                    return endpoint.address
+                info = self.scheduler.query(self.job_name, [head]).get(head)
+                if info is not None and info.state.is_final:
+                    raise AllocationFailed(f"head job {head} ended {info.state.value} before it was ready; "
+                                           f"{self._log_tail(head, 'head')}", state=info.state.value, job_id=head)
+                if progress:
+                    progress(f"head {head}: {info.state.value if info else '?'}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no ready head within {timeout:.0f}s; {self._log_tail(head, 'head')}")
+            time.sleep(POLL_INTERVAL)
+
+    # ------------------------------------------------------------ workers
+    def _parent_configs(self, rec: AllocationRecord) -> tuple[SlurmRunAllocationConfig | None, SlurmRunAllocationConfig]:
+        first: SlurmRunAllocationConfig | None = None
+        if self.info.worker_allocation is not None:
+            first = SlurmWorkerAllocationConfig.from_dict(self.info.worker_allocation)
+        elif rec.workers:
+            earliest = min(rec.workers, key=int)
+            first = SlurmWorkerAllocationConfig.from_dict(rec.workers[earliest].config)
+        return first, self.head_config()
+
+    def add_worker_allocation(self, config: SlurmWorkerAllocationConfig) -> WorkerAllocation:
+        """Submit a worker allocation; returns on submission, not on start."""
+        if not isinstance(config, SlurmWorkerAllocationConfig):
+            raise ConfigError("config", config, "must be a SlurmWorkerAllocationConfig")
+        first, head = self._parent_configs(self.record())
+        resolved = inherit_worker_config(config, first, head)
+        spec_path = submit.write_worker_spec(self.dir, resolved)
+        job_id = self.scheduler.submit(submit.worker_spec(self.dir, self.job_name, resolved, self.launcher, spec_path))
+        self.dir.update_allocation(lambda r: r.with_worker(
+            WorkerRecord(job_id=job_id, config=resolved.to_dict(), submitted_at=time.time())))
+        log.info("event=worker_submitted session=%s job=%s partition=%s", self.job_name, job_id, resolved.partition)
+        return WorkerAllocation(self, job_id)
+
+    def node_states(self, job_id: str) -> dict[str, dict[str, Any]]:
+        return self.dir.read_node_states(job_id)
+
+    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0,
+                                   progress: Callable[[str], None] | None = None) -> dict[str, str]:
+        """Block until every node of the allocation has joined; returns {node: Ray node id}."""
+        job_id = handle.job_id if isinstance(handle, WorkerAllocation) else handle
+        rec = self.record()
+        if job_id not in rec.workers:
+            raise ValueError(f"handle: job {job_id} is not a worker allocation of this session")
+        wanted = SlurmWorkerAllocationConfig.from_dict(rec.workers[job_id].config).num_nodes or 1
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            states = self.node_states(job_id)
+            joined = {node: s.get("node_id") for node, s in states.items()
+                      if s.get("state") == "JOINED" and s.get("node_id")}
+            if len(joined) >= wanted:
+                return dict(sorted(joined.items()))
+            info = self.scheduler.query(self.job_name, [job_id]).get(job_id)
+            if info is not None and info.state.is_final:
+                raise AllocationFailed(f"worker allocation {job_id} ended {info.state.value} with "
+                                       f"{len(joined)}/{wanted} nodes joined; {self._log_tail(job_id, 'worker')}",
+                                       state=info.state.value, job_id=job_id)
+            text = f"job {job_id}: {info.state.value if info else '?'}, {len(joined)}/{wanted} nodes joined"
+            if progress and text != last:
+                progress(text)
+                last = text
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker allocation {job_id} not joined within {timeout:.0f}s ({text}); "
+                                   f"{self._log_tail(job_id, 'worker')}")
+            time.sleep(POLL_INTERVAL)
+
+    def _control(self, endpoint: str) -> ControlClient:
+        return ControlClient(endpoint, self.secret, self.info.session_id)
+
+    @property
+    def secret(self) -> bytes:
+        if self._secret is None:
+            self._secret = self.dir.secret()
+        return self._secret
+
+    # ------------------------------------------------------------ head health and elections
+    def observe_head(self, wait: float = 0.0) -> HeadObservation:
+        if self._watch is None:
+            self._watch = HeadWatch(self.dir, self.secret, self.info.session_id)
+        return self._watch.observe(wait)
+
+    @property
+    def head(self) -> Head | None:
+        """The current head if it is healthy right now, else None."""
+        obs = self.observe_head()
+        return Head(obs.job, obs.address) if obs.alive and obs.job and obs.address else None
+
+    def _assess(self, rec: AllocationRecord, jobs: Mapping[str, JobInfo], obs: HeadObservation,
+                now: float) -> election.HeadAssessment:
+        started = self._head_started_at.get(rec.head_job or "", 0.0)
+        endpoint = self.dir.read_head_endpoint(rec.head_job) if rec.head_job else None
+        if endpoint is not None:
+            started = max(started, endpoint.started_at)
+        starting = endpoint is None or now - started < 5.0
+        # The pointer and the record name the same head except inside an
+        # election; the heartbeat we hold is only about the pointer's head.
+        alive = obs.alive and obs.job == rec.head_job
+        return election.assess_head(rec, jobs, head_alive=alive, now=now, head_draining=obs.draining,
+                                    head_starting=starting and now - started < HEAD_START_GRACE)
+
+    def replace_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+        """Return the healthy head, electing one first if the session has none.
+
+        Any number of processes may call this at once: one wins the claim in
+        allocation.json and elects; the others wait for the result and get
+        the same head. A healthy head is returned unchanged (to move it, call
+        ``request_drain()`` on it first).
+        """
+        claimant = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            obs = self.observe_head(wait=0.3)
+            rec = self.record()
+            jobs = self.query()
+            now = time.time()
+            assessment = self._assess(rec, jobs, obs, now)
+            if assessment.condition is election.HeadCondition.HEALTHY and obs.address:
+                return Head(rec.head_job, obs.address)  # type: ignore[arg-type]
+            if assessment.condition.value != last and progress:
+                progress(assessment.why)
+                last = assessment.condition.value
+            if assessment.needs_election:
+                won = self.dir.update_allocation(
+                    lambda r: election.claim(r, claimant, time.time(), self.claim_period)[0])
+                if won.election is not None and won.election.claimant == claimant:
+                    try:
+                        self._elect(won, jobs, progress, deadline)
+                    finally:
+                        self.dir.update_allocation(lambda r: election.release(r, claimant))
+                    continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no healthy head within {timeout:.0f}s: {assessment.why}")
+            time.sleep(POLL_INTERVAL)
+
+    def _elect(self, rec: AllocationRecord, jobs: Mapping[str, JobInfo],
+               progress: Callable[[str], None] | None, deadline: float) -> None:
+        choice = election.choose_head(rec, jobs, can_host_on_worker=self.launcher.can_host_elected_head,
+                                      now=time.time())
+        log.info("event=election session=%s choice=%s why=%r", self.job_name, choice.kind.value, choice.why)
+        if progress:
+            progress(f"electing: {choice.why}")
+        if isinstance(choice, election.HostOnWorker):
+            job = choice.job_id
+            if not self._host_on_worker(job, deadline):
+                self.dir.update_allocation(lambda r: election.record_head_failure(r, job))
+                return
+            self._switch_head(job, hosted_on_worker=True)
+            return
+        if isinstance(choice, election.UsePublishedSuccessor):
+            job = choice.job_id
+        else:
+            job = self._submit_successor()
+        if self._wait_head_ready(job, deadline):
+            self._switch_head(job, hosted_on_worker=False)
+
+    def _submit_successor(self) -> str:
+        """A new head allocation shaped like the first head, published as the successor."""
+        spec = submit.head_spec(self.dir, self.job_name, self.head_config(), self.launcher)
+        job = self.scheduler.submit(spec)
+        self._head_started_at[job] = time.time()
+        self.dir.update_allocation(lambda r: replace(r, successor=job))
+        log.info("event=successor_submitted session=%s job=%s", self.job_name, job)
+        return job
+
+    def _wait_head_ready(self, job: str, deadline: float) -> bool:
+        """Until the head of ``job`` published its endpoint (True) or its job ended (False)."""
+        while time.monotonic() < deadline:
+            if self.dir.read_head_endpoint(job) is not None:
+                return True
+            info = self.scheduler.query(self.job_name, [job]).get(job)
+            if info is not None and info.state.is_final:
+                return False
+            time.sleep(POLL_INTERVAL)
+        return False
+
+    def _host_on_worker(self, job: str, deadline: float) -> bool:
+        """Ask the first node of worker allocation ``job`` to host a head; wait until it is ready."""
+        states = self.node_states(job)
+        first = next((s for s in states.values() if s.get("role") == "worker" and s.get("control")
+                      and not s.get("exited") and s.get("node_index", 0) == 0), None)
+        if first is None:
+            first = next((s for _, s in sorted(states.items()) if s.get("control") and not s.get("exited")), None)
+        if first is None:
+            log.warning("event=host_head_unreachable job=%s", job)
+            return False
+        try:
+            with self._control(first["control"]) as client:
+                reply = client.request("host_head", {"head_job": job}, timeout=CONTROL_TIMEOUT)
+        except ControlError as exc:
+            log.warning("event=host_head_failed job=%s error=%s", job, exc)
+            return False
+        if not reply.get("ok"):
+            log.warning("event=host_head_refused job=%s error=%s", job, reply.get("error"))
+            return False
+        limit = min(deadline, time.monotonic() + HEAD_START_GRACE)
+        while time.monotonic() < limit:
+            for state in self.node_states(job).values():
+                hosted = state.get("hosted_head") or {}
+                if hosted.get("state") == "FAILED":
+                    return False
+            if self.dir.read_head_endpoint(job) is not None:
+                return True
+            time.sleep(POLL_INTERVAL)
+        return False
+
+    def _switch_head(self, job: str, *, hosted_on_worker: bool) -> None:
+        """Make ``job`` the head: record, pointer, then a nudge to every agent."""
+        self.dir.update_allocation(lambda r: election.apply_new_head(r, job, hosted_on_worker=hosted_on_worker))
+        self.dir.write_ray_head(job)
+        self._head_started_at[job] = time.time()
+        log.info("event=head_switched session=%s job=%s hosted_on_worker=%s", self.job_name, job, hosted_on_worker)
+        self._nudge_agents(job)
+
+    def _nudge_agents(self, job: str) -> None:
+        """Tell agents to read the pointer now instead of at their next poll."""
+        for worker_job in self.record().workers:
+            for node, state in self.node_states(worker_job).items():
+                endpoint = state.get("control")
+                if not endpoint or state.get("exited"):
+                    continue
+                try:
+                    with self._control(endpoint) as client:
+                        client.request("follow", {"head_job": job}, timeout=1.0)
+                except ControlError:
+                    pass  # the agent reads the pointer on its own within a second
+
+    def _drain_job(self, job_id: str, drain_timeout: float, reason: str) -> int:
+        deadline = time.time() + drain_timeout
+        self.dir.update_allocation(lambda r: r.with_worker(replace(
+            r.workers[job_id], state="draining", drain_requested_at=time.time(), drain_deadline=deadline))
+            if job_id in r.workers and r.workers[job_id].state == "submitted" else r)
+        told = 0
+        for node, state in self.node_states(job_id).items():
+            endpoint = state.get("control")
+            if not endpoint or state.get("exited"):
+                continue
+            try:
+                with self._control(endpoint) as client:
+                    client.request("drain", {"deadline": deadline, "reason": reason}, timeout=CONTROL_TIMEOUT)
+                told += 1
+            except ControlError as exc:
+                log.warning("event=drain_not_delivered job=%s node=%s error=%s", job_id, node, exc)
+        return told
+
+    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
+                                 wait: bool = True, progress: Callable[[str], None] | None = None) -> str:
+        """Drain a running allocation (cancel a pending one); returns the final Slurm state.
+
+        With ``wait=False`` it returns at once (the drain goes on) with the
+        state at that moment.
+        """
+        job_id = handle.job_id if isinstance(handle, WorkerAllocation) else handle
+        if job_id not in self.record().workers:
+            raise ValueError(f"handle: job {job_id} is not a worker allocation of this session")
+        info = self.scheduler.query(self.job_name, [job_id]).get(job_id)
+        state = info.state if info else JobState.ENDED_UNKNOWN
+        if state is JobState.PENDING:
+            self.scheduler.cancel(job_id)
+        elif state.is_active:
+            told = self._drain_job(job_id, drain_timeout, "remove_worker_allocation")
+            if told == 0:
+                # No agent answered (none started yet, or all hung): Slurm ends it.
+                self.scheduler.cancel(job_id)
+        self.dir.update_allocation(lambda r: r.with_worker(replace(r.workers[job_id], state="removed")))
+        if not wait:
+            return state.value
+        # The agents stop their nodes at the drain deadline; allow them a little more.
+        deadline = time.monotonic() + drain_timeout + 60.0
+        while True:
+            info = self.scheduler.query(self.job_name, [job_id]).get(job_id)
+            if info is not None and info.state.is_final:
+                return info.state.value
+            if progress:
+                progress(f"job {job_id}: {info.state.value if info else '?'} (draining)")
+            if time.monotonic() > deadline:
+                self.scheduler.cancel(job_id)
+                raise TimeoutError(f"worker allocation {job_id} did not end after its drain; cancelled it")
+            time.sleep(POLL_INTERVAL)
+
+    # ------------------------------------------------------------ teardown
+    def teardown(self) -> None:
+        """Cancel every job of the session (by its job name)."""
+        try:
+            self.scheduler.cancel_by_name(self.job_name)
+        except SchedulerError as exc:
+            log.warning("event=teardown_failed session=%s error=%s", self.job_name, exc)
+            raise
+        log.info("event=teardown session=%s", self.job_name)
+
+    def _log_tail(self, job_id: str | None, role: str, lines: int = 15) -> str:
+        if job_id is None:
+            return "no job"
+        path = self.dir.log_dir / f"{role}-{job_id}.out"
+        try:
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return f"no log at {path}"
+        return f"last lines of {path}:\n" + "\n".join(tail)
