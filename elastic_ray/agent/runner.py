@@ -216,14 +216,16 @@ class Agent:
         poller.register(self.control.socket, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         subscribed = None
+        subscribed_socket = None  # kept apart: a closed subscriber no longer hands out its socket
         while self._exit_code is None:
             now = time.time()
             if self.head.subscriber is not subscribed:
-                if subscribed is not None:
-                    poller.unregister(subscribed.socket)
+                if subscribed_socket is not None:
+                    poller.unregister(subscribed_socket)
                 subscribed = self.head.subscriber
-                if subscribed is not None:
-                    poller.register(subscribed.socket, zmq.POLLIN)
+                subscribed_socket = subscribed.socket if subscribed is not None else None
+                if subscribed_socket is not None:
+                    poller.register(subscribed_socket, zmq.POLLIN)
             timeout = max(0.0, min(self._next_pointer, self._next_beat if self._beats_due() else 1e300,
                                    self._next_status) - now)
             try:
@@ -236,7 +238,7 @@ class Agent:
             now = time.time()
             if self.control.socket in ready:
                 self.control.handle_ready(self._on_request)
-            if subscribed is not None and subscribed.socket in ready:
+            if subscribed_socket is not None and subscribed_socket in ready:
                 self._read_heartbeats(now)
             if self._wake_r in ready:
                 self._drain_wake_pipe()

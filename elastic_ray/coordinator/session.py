@@ -16,7 +16,10 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .drivers import PayloadRun
 
 from ..config import (
     SlurmRunAllocationConfig,
@@ -24,7 +27,7 @@ from ..config import (
     inherit_worker_config,
     resolve_head_config,
 )
-from ..errors import ConfigError, ElasticRayError, SchedulerError
+from ..errors import ConfigError, ElasticRayError, SchedulerError, SlurmAllocationEnded
 from ..launcher import RayLauncher
 from ..protocol.channel import ControlClient, ControlError
 from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
@@ -480,6 +483,33 @@ class Session:
                 self.scheduler.cancel(job_id)
                 raise TimeoutError(f"worker allocation {job_id} did not end after its drain; cancelled it")
             time.sleep(POLL_INTERVAL)
+
+    # ------------------------------------------------------------ payload drivers
+    def run(self, argv: list[str], *, env: Mapping[str, str] | None = None, head: Head | None = None,
+            stdout=None, stderr=None) -> "PayloadRun":
+        """Start a payload driver next to the head, with RAY_ADDRESS set.
+
+        ``head`` is the head the caller expects (as returned by
+        ``replace_head``); if the session has moved on from it, the launch
+        raises ``SlurmAllocationEnded`` with ``allocation_state="REPLACED"``.
+        Without it, the current head is used if it is healthy.
+        """
+        from .drivers import PayloadRun
+
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError("argv: must be a non-empty list of strings")
+        pointer = self.dir.read_ray_head()
+        if head is not None and pointer != head.job_id:
+            raise SlurmAllocationEnded(f"head {head.job_id} was replaced by {pointer}", allocation_state="REPLACED",
+                                       job_id=head.job_id)
+        current = self.head
+        if current is None or (head is not None and current.job_id != head.job_id):
+            job = head.job_id if head else pointer
+            info = self.scheduler.query(self.job_name, [job]).get(job) if job else None
+            state = "REPLACED" if job in self.record().predecessors else (info.state.value if info else "UNKNOWN")
+            raise SlurmAllocationEnded(f"no healthy head to run on (head {job}: {state})",
+                                       allocation_state=state, job_id=job)
+        return PayloadRun(self, current, argv, env=env, stdout=stdout, stderr=stderr)
 
     # ------------------------------------------------------------ teardown
     def teardown(self) -> None:
