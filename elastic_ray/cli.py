@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 
 from . import __version__
+from .cli_session import session_group
 from .errors import ElasticRayError
 from .scheduler.factory import KINDS, make_scheduler
 
@@ -49,6 +50,9 @@ def demo(scheduler: str, workdir: Path | None, sleep: float) -> None:
     if {k: v.value for k, v in final.items()} != expected:
         console.print(f"[red]unexpected final states; expected {expected}[/]")
         sys.exit(1)
+
+
+main.add_command(session_group)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,494 @@
+"""The `elastic-ray` CLI: pure parts exhaustively, commands for real on the local scheduler.
+
+The command tests use a real session directory and a real LocalScheduler
+whose "allocations" run `sleep` instead of the agent (the session's records
+point at them like at any job), so they exercise the real query, cancel and
+record paths in seconds, without Ray. Only ``add-worker`` submits a real
+agent job; it never gets a head (the head is a `sleep`), so it starts no Ray
+and is cancelled by the teardown under test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from elastic_ray.cli import main
+from elastic_ray.cli_session import (
+    FIELD_OPTIONS,
+    OptionError,
+    build_status,
+    format_duration,
+    one_line,
+    option_for_field,
+    parse_ray_resource,
+    parse_ray_resources,
+    render_status,
+    worker_config,
+)
+from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, resolve_head_config
+from elastic_ray.coordinator.headwatch import HeadObservation
+from elastic_ray.launcher import RayLauncher
+from elastic_ray.protocol.records import (
+    AllocationRecord,
+    ElectionClaim,
+    HeadEndpoint,
+    SessionInfo,
+    WorkerRecord,
+)
+from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.scheduler.base import JobInfo, JobSpec, JobState
+from elastic_ray.scheduler.local import LocalScheduler
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# =============================================================== pure: options -> config
+
+def test_every_worker_config_field_has_an_option():
+    from dataclasses import fields
+
+    assert set(FIELD_OPTIONS) == {f.name for f in fields(SlurmWorkerAllocationConfig)}
+
+
+def test_options_map_to_the_config():
+    config = worker_config({
+        "partition": "gpu-a", "num_nodes": 2, "gpus_per_node": 4, "cpus_per_task": 8, "mem": "64g",
+        "mem_per_cpu": None, "time_limit": "2:00:00", "signal_before_timeout": "SIGUSR1@300",
+        "ray_resources": {"accelerator:a40": 1.0}, "ray_start_args": ("--num-cpus=6",),
+        "rejoin_timeout": 120.0, "extra_sbatch_directives": (), "qos": None,
+    })
+    assert config == SlurmWorkerAllocationConfig(
+        partition="gpu-a", num_nodes=2, gpus_per_node=4, cpus_per_task=8, mem="64G", time_limit="2:00:00",
+        signal_before_timeout="USR1@300", ray_resources={"accelerator:a40": 1.0},
+        ray_start_args=("--num-cpus=6",), rejoin_timeout=120.0)
+
+
+def test_options_not_given_stay_unset_for_inheritance():
+    config = worker_config({"partition": None, "num_nodes": None, "ray_resources": {}, "ray_start_args": (),
+                            "rejoin_timeout": None})
+    assert config == SlurmWorkerAllocationConfig()
+    assert config.partition is None and config.num_nodes is None and config.rejoin_timeout == 600.0
+
+
+@pytest.mark.parametrize("options, option, words", [
+    ({"time_limit": "1:75"}, "--time", "below 60"),
+    ({"time_limit": "soon"}, "--time", "not a Slurm time"),
+    ({"num_nodes": 0}, "--nodes", "at least 1"),
+    ({"mem": "lots"}, "--mem", "memory size"),
+    ({"mem": "4G", "mem_per_cpu": "1G"}, "--mem-per-cpu", "exclusive"),
+    ({"signal_before_timeout": "KILL@60"}, "--signal", "KILL"),
+    ({"partition": "a b"}, "--partition", "partition name"),
+    ({"ray_resources": {"CPU": 2.0}}, "--ray-resource", "set by the agent"),
+    ({"ray_start_args": ("--port=1",)}, "--ray-start-arg", "set by the agent"),
+    ({"ray_start_args": ("num-cpus=3",)}, "--ray-start-arg", "--option"),
+    ({"extra_sbatch_directives": ("--time=5",)}, "--sbatch-arg", "manages"),
+    ({"rejoin_timeout": 0.0}, "--rejoin-timeout", "above zero"),
+    ({"time_limit": "10", "time_min": "20"}, "--time-min", "exceed"),
+])
+def test_a_bad_value_is_reported_against_its_option(options, option, words):
+    with pytest.raises(OptionError) as error:
+        worker_config(options)
+    assert error.value.option == option
+    assert error.value.message.startswith(f"{option}: ")
+    assert words in error.value.message
+    assert error.value.exit_code == 2
+
+
+def test_option_for_field_strips_indexes():
+    assert option_for_field("ray_resources['a40']") == "--ray-resource"
+    assert option_for_field("ray_start_args[2]") == "--ray-start-arg"
+    assert option_for_field("time_limit") == "--time"
+    assert option_for_field("something_else") == "something_else"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("a40=1", ("a40", 1.0)),
+    ("accelerator:a40=0.5", ("accelerator:a40", 0.5)),
+    (" big_mem = 2 ", ("big_mem", 2.0)),
+    ("x=0", ("x", 0.0)),
+])
+def test_ray_resource_parses(text, expected):
+    assert parse_ray_resource(text) == expected
+
+
+@pytest.mark.parametrize("text, words", [
+    ("a40", "NAME=AMOUNT"),
+    ("=1", "NAME=AMOUNT"),
+    ("a40=", "not a number"),
+    ("a40=one", "not a number"),
+    ("a40=-1", "not negative"),
+    ("a40=inf", "finite"),
+    ("a40=nan", "finite"),
+])
+def test_ray_resource_bad_forms_are_refused(text, words):
+    with pytest.raises(ValueError, match=words):
+        parse_ray_resource(text)
+
+
+def test_ray_resource_given_twice_is_refused():
+    assert parse_ray_resources(["a=1", "b=2"]) == {"a": 1.0, "b": 2.0}
+    with pytest.raises(ValueError, match="twice"):
+        parse_ray_resources(["a=1", "a=2"])
+
+
+def test_one_line_turns_a_log_tail_into_its_path():
+    exc = RuntimeError("worker allocation 7 ended FAILED with 0/1 nodes joined; "
+                       "last lines of /s/logs/worker-7.out:\nTraceback...\nBoom")
+    assert one_line(exc) == "worker allocation 7 ended FAILED with 0/1 nodes joined; see /s/logs/worker-7.out"
+    assert one_line(TimeoutError()) == "TimeoutError"
+
+
+@pytest.mark.parametrize("seconds, text", [(None, "-"), (0, "0s"), (59.6, "1m00s"), (75, "1m15s"),
+                                           (4000, "1h06m"), (90000, "1d01h")])
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text
+
+
+# =============================================================== pure: status model and rendering
+
+NOW = 1_700_000_000.0
+
+
+def _info() -> SessionInfo:
+    return SessionInfo(session_id="s" * 32, job_name="er-test", created_at=NOW - 600,
+                       scheduler={"kind": "slurm"}, head={"partition": "cpu"})
+
+
+def _fabricated():
+    record = AllocationRecord(
+        generation=9, head_job="20", predecessors=("10",),
+        workers={
+            "21": WorkerRecord(job_id="21", config={"partition": "gpu-a", "num_nodes": 2}, submitted_at=NOW - 300),
+            "22": WorkerRecord(job_id="22", config={"partition": "gpu-b"}, submitted_at=NOW - 200,
+                               state="draining", drain_requested_at=NOW - 10, drain_deadline=NOW + 50),
+            "23": WorkerRecord(job_id="23", config={"partition": "cpu"}, submitted_at=NOW - 100, state="removed"),
+            "24": WorkerRecord(job_id="24", config={"partition": "cpu"}, submitted_at=NOW - 50),
+        })
+    jobs = {
+        "10": JobInfo("10", "er-test", JobState.CANCELLED, partition="cpu"),
+        "20": JobInfo("20", "er-test", JobState.RUNNING, partition="cpu", nodes=("cpu-1",), time_left=3600),
+        "21": JobInfo("21", "er-test", JobState.RUNNING, partition="gpu-a", nodes=("gpua-1", "gpua-2"),
+                      time_left=75),
+        "22": JobInfo("22", "er-test", JobState.RUNNING, partition="gpu-b", nodes=("gpub-1",), time_left=500),
+        "23": JobInfo("23", "", JobState.ENDED_UNKNOWN, reason="no record of this job"),
+        "24": JobInfo("24", "er-test", JobState.PENDING, partition="cpu", reason="Resources"),
+        "30": JobInfo("30", "er-test", JobState.RUNNING, partition="cpu", nodes=("cpu-2",)),
+    }
+    nodes = {
+        "20": {"cpu-1": {"state": "JOINED", "node_id": "h" * 56, "updated_at": NOW - 1}},
+        "21": {"gpua-1": {"state": "JOINED", "node_id": "a" * 56, "updated_at": NOW - 2},
+               "gpua-2": {"state": "RESTART_BACKOFF", "node_id": None, "updated_at": NOW - 60}},
+        "22": {"gpub-1": {"state": "DRAINING", "node_id": "b" * 56, "updated_at": NOW - 1}},
+        "23": {"cpu-2": {"state": "LEFT", "node_id": "c" * 56, "exited": True, "updated_at": NOW - 900}},
+    }
+    endpoint = HeadEndpoint(job_id="20", host="cpu-1", address="10.0.0.1:6379", ray_version="2.60.0",
+                            started_at=NOW - 500, ports={"heartbeat": 7000})
+    observation = HeadObservation(job="20", address="10.0.0.1:6379", alive=True, draining=False,
+                                  last_beat_age=0.3)
+    return record, jobs, nodes, endpoint, observation
+
+
+def _status(**overrides):
+    record, jobs, nodes, endpoint, observation = _fabricated()
+    kwargs = dict(path="/s", info=_info(), record=record, jobs=jobs, nodes=nodes, pointer="20",
+                  endpoint=endpoint, observation=observation, now=NOW)
+    kwargs.update(overrides)
+    return build_status(**kwargs)
+
+
+def _text(status) -> str:
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))
+    console.print(render_status(status))
+    return console.export_text()
+
+
+def test_status_model_lists_every_job_with_role_state_nodes_and_drain():
+    status = _status()
+    rows = {r["job_id"]: r for r in status["jobs"]}
+    assert [r["job_id"] for r in status["jobs"]] == ["20", "10", "21", "22", "23", "24", "30"]
+    assert {j: r["role"] for j, r in rows.items()} == {
+        "20": "head", "10": "head (replaced)", "21": "worker", "22": "worker", "23": "worker", "24": "worker",
+        "30": "unrecorded"}
+    assert {j: r["state"] for j, r in rows.items()} == {
+        "20": "RUNNING", "10": "CANCELLED", "21": "RUNNING", "22": "RUNNING", "23": "ENDED_UNKNOWN",
+        "24": "PENDING", "30": "RUNNING"}
+    assert rows["21"]["nodes"] == [
+        {"node": "gpua-1", "ray_node_id": "a" * 56, "agent_state": "JOINED", "agent_exited": False,
+         "agent_stale": False, "agent_updated_age": 2.0},
+        {"node": "gpua-2", "ray_node_id": None, "agent_state": "RESTART_BACKOFF", "agent_exited": False,
+         "agent_stale": True, "agent_updated_age": 60.0}]
+    # A node only the agent knows of (the job is gone from the scheduler) still shows.
+    assert rows["23"]["nodes"][0]["node"] == "cpu-2" and rows["23"]["nodes"][0]["agent_exited"]
+    assert rows["23"]["partition"] == "cpu"  # from the record when the scheduler forgot
+    assert rows["21"]["time_left"] == 75 and rows["23"]["time_left"] is None
+    assert rows["22"]["drain"] == {"state": "draining", "requested_at": NOW - 10, "deadline": NOW + 50}
+    assert rows["20"]["drain"] is None
+    assert status["head"] == {"job_id": "20", "recorded_job_id": "20", "address": "10.0.0.1:6379",
+                              "heartbeat": "live", "last_beat_age": 0.3, "draining": False}
+    assert status["active_jobs"] == 5
+    json.loads(json.dumps(status))  # JSON-ready as it is
+
+
+def test_status_table_shows_what_the_model_holds():
+    text = _text(_status())
+    assert "session er-test" in text
+    assert "head: job 20 at 10.0.0.1:6379, heartbeat live" in text
+    for needle in ("head (replaced)", "CANCELLED", "ENDED_UNKNOWN", "PENDING (Resources)", "aaaaaaaaaaaa",
+                   "RESTART_BACKOFF (stale 1m00s)", "LEFT (exited)", "draining, deadline in 50s", "removed",
+                   "1m15s", "1h00m", "unrecorded"):
+        assert needle in text, needle
+    assert "a" * 13 not in text  # node ids are shortened in the table, whole in JSON
+
+
+@pytest.mark.parametrize("change, heartbeat", [
+    (dict(observation=HeadObservation("20", "10.0.0.1:6379", False, False, 5.0)), "silent"),
+    (dict(endpoint=None, observation=None), "not ready"),
+    (dict(observation=None), "unknown"),
+    (dict(pointer=None, endpoint=None, observation=None), "no head"),
+])
+def test_status_heartbeat_states(change, heartbeat):
+    assert _status(**change)["head"]["heartbeat"] == heartbeat
+
+
+def test_status_of_a_session_whose_jobs_all_ended():
+    record, jobs, nodes, endpoint, _ = _fabricated()
+    ended = {j: replace(i, state=JobState.ENDED_UNKNOWN if j == "23" else JobState.COMPLETED, time_left=None)
+             for j, i in jobs.items()}
+    status = _status(jobs=ended, observation=None)
+    assert status["head"]["heartbeat"] == "job ended"
+    assert status["active_jobs"] == 0
+    text = _text(status)
+    assert "heartbeat job ended" in text and "ENDED_UNKNOWN" in text
+
+
+def test_status_shows_a_worker_hosted_head_an_election_and_a_successor():
+    record, jobs, nodes, endpoint, observation = _fabricated()
+    record = replace(record, head_job="21", predecessors=("10", "20"), successor="25",
+                     election=ElectionClaim("host:1:abc", NOW - 5, NOW + 115))
+    status = _status(record=record, pointer="21", observation=None, endpoint=None)
+    roles = {r["job_id"]: r["role"] for r in status["jobs"]}
+    assert roles["21"] == "worker+head" and roles["20"] == "head (replaced)"
+    assert roles["25"] == "head (successor)"
+    assert {r["job_id"]: r["state"] for r in status["jobs"]}["25"] == "UNKNOWN"  # not asked about
+    assert status["election"]["live"] and status["successor"] == "25"
+    assert "election by host:1:abc in progress" in _text(status)
+
+
+# =============================================================== commands, for real on the local scheduler
+
+def _sleep_spec(directory: SessionDir, job_name: str, role: str, allocation) -> JobSpec:
+    return JobSpec(job_name=job_name, role=role, allocation=allocation, node_argv=("sleep", "300"),
+                   workdir=directory.path, output=str(directory.log_dir / f"{role}-%j.out"))
+
+
+@pytest.fixture
+def sleepy(tmp_path, monkeypatch):
+    """A session directory whose head and one worker are real local jobs running `sleep`."""
+    monkeypatch.setenv("ELASTIC_AGENT_RUNTIME_DIR", str(tmp_path / "agent-runtime"))
+    scheduler = LocalScheduler(tmp_path / "local-scheduler")
+    job_name = f"er-cli-{uuid.uuid4().hex[:8]}"
+    head = resolve_head_config(SlurmRunAllocationConfig(partition="cpu", time_limit="10", mem="256M",
+                                                        cpus_per_task=1))
+    info = SessionInfo(session_id=uuid.uuid4().hex, job_name=job_name, created_at=time.time(),
+                       scheduler={"kind": "local", "state_dir": str(scheduler.state_dir)}, head=head.to_dict(),
+                       launcher=RayLauncher().to_dict())
+    directory = SessionDir.create(tmp_path / "session", info)
+    worker = SlurmWorkerAllocationConfig(partition="cpu", num_nodes=1, cpus_per_task=1, mem="256M",
+                                         time_limit="10")
+    try:
+        head_job = scheduler.submit(_sleep_spec(directory, job_name, "head", head))
+        directory.update_allocation(lambda r: replace(r, head_job=head_job))
+        directory.write_ray_head(head_job)
+        worker_job = scheduler.submit(_sleep_spec(directory, job_name, "worker", worker))
+        directory.update_allocation(lambda r: r.with_worker(
+            WorkerRecord(job_id=worker_job, config=worker.to_dict(), submitted_at=time.time())))
+        wait_until(lambda: all(i.state is JobState.RUNNING
+                               for i in scheduler.query(job_name, [head_job, worker_job]).values()),
+                   timeout=30, message="the sleep jobs to run")
+        yield {"dir": directory, "scheduler": scheduler, "job_name": job_name, "head": head_job,
+               "worker": worker_job}
+    finally:
+        scheduler.cancel_by_name(job_name)
+        wait_until(lambda: not any(i.state.is_active for i in scheduler.query(job_name).values()),
+                   timeout=60, message="the session's jobs to end in the finalizer")
+
+
+def _run(sleepy, *args: str):
+    runner = CliRunner()
+    return runner.invoke(main, ["session", *args], obj={"scheduler": sleepy["scheduler"]},
+                         catch_exceptions=False)
+
+
+def test_status_shows_every_job_from_one_query(sleepy):
+    scheduler = sleepy["scheduler"]
+    before = scheduler.calls["query"]
+    result = _run(sleepy, "status", str(sleepy["dir"].path))
+    assert result.exit_code == 0, result.output
+    assert scheduler.calls["query"] - before == 1
+    out = result.stdout
+    assert sleepy["job_name"] in out
+    assert f"head: job {sleepy['head']} (no address published), heartbeat not ready" in out
+    lines = {line.split()[1]: line for line in out.splitlines() if line.split()[:1] in (["head"], ["worker"])}
+    assert "RUNNING" in lines[sleepy["head"]] and "cpu-" in lines[sleepy["head"]]
+    assert "RUNNING" in lines[sleepy["worker"]] and "submitted" in lines[sleepy["worker"]]
+
+
+def test_status_json_parses(sleepy):
+    before = sleepy["scheduler"].calls["query"]
+    result = _run(sleepy, "status", str(sleepy["dir"].path), "--json")
+    assert result.exit_code == 0, result.output
+    assert sleepy["scheduler"].calls["query"] - before == 1
+    status = json.loads(result.stdout)
+    assert {r["job_id"]: (r["role"], r["state"]) for r in status["jobs"]} == {
+        sleepy["head"]: ("head", "RUNNING"), sleepy["worker"]: ("worker", "RUNNING")}
+    assert status["head"]["job_id"] == sleepy["head"] and status["head"]["heartbeat"] == "not ready"
+    assert status["active_jobs"] == 2
+
+
+def test_status_without_a_scheduler_handed_in_opens_the_sessions_own(sleepy):
+    # As a user runs it: the CLI builds the scheduler from session.json.
+    result = CliRunner().invoke(main, ["session", "status", "--json", str(sleepy["dir"].path)])
+    assert result.exit_code == 0, result.output
+    assert {r["state"] for r in json.loads(result.stdout)["jobs"]} == {"RUNNING"}
+
+
+def test_a_non_session_directory_is_one_line_and_exit_1(tmp_path):
+    for path in (tmp_path, tmp_path / "missing"):
+        result = CliRunner().invoke(main, ["session", "status", str(path)])
+        assert result.exit_code == 1
+        assert result.output.strip().splitlines() == [f"Error: {path} is not a session directory (no session.json)"]
+
+
+def test_a_non_session_directory_from_the_installed_script_has_no_traceback(tmp_path):
+    script = ROOT / ".venv" / "bin" / "elastic-ray"
+    argv = [str(script)] if script.exists() else [sys.executable, "-m", "elastic_ray.cli"]
+    done = subprocess.run([*argv, "session", "teardown", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert done.stdout == "" and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [f"Error: {tmp_path} is not a session directory (no session.json)"]
+
+
+def test_add_worker_with_a_bad_time_is_a_usage_error_naming_the_option(sleepy):
+    submits = sleepy["scheduler"].calls["submit"]
+    result = _run(sleepy, "add-worker", str(sleepy["dir"].path), "--partition", "cpu", "--time", "1:75")
+    assert result.exit_code == 2
+    assert "Error: --time: '1:75': seconds must be below 60" in result.output
+    assert sleepy["scheduler"].calls["submit"] == submits
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--ray-resource", "a40"], "Invalid value for '--ray-resource': 'a40' is not NAME=AMOUNT"),
+    (["--ray-resource", "CPU=2"], "--ray-resource: 'CPU': is set by the agent"),
+    (["--mem", "1G", "--mem-per-cpu", "1G"], "--mem-per-cpu: --mem and --mem-per-cpu are exclusive"),
+    (["--nodes", "two"], "Invalid value for '--nodes'"),
+    (["--timeout", "0"], "Invalid value for '--timeout'"),
+])
+def test_add_worker_bad_options_exit_2(tmp_path, args, words):
+    result = CliRunner().invoke(main, ["session", "add-worker", str(tmp_path), *args])
+    assert result.exit_code == 2, result.output
+    assert words in result.output
+
+
+def test_ray_start_args_that_look_like_options_are_taken_as_values(tmp_path):
+    # Parsing comes before the session is opened, so a non-session dir shows the options were accepted.
+    result = CliRunner().invoke(main, ["session", "add-worker", str(tmp_path), "--ray-start-arg", "--num-cpus=4",
+                                       "--ray-start-arg=--object-store-memory=1000000"])
+    assert result.exit_code == 1 and "not a session directory" in result.output
+
+
+def test_add_worker_no_wait_submits_and_teardown_leaves_nothing_active(sleepy):
+    path = str(sleepy["dir"].path)
+    scheduler = sleepy["scheduler"]
+    result = _run(sleepy, "add-worker", path, "--partition", "cpu", "--nodes", "1", "--cpus-per-task", "1",
+                  "--mem", "256M", "--time", "5", "--ray-resource", "accelerator:test=1", "--no-wait")
+    assert result.exit_code == 0, result.output
+    job = result.stdout.strip()
+    assert job.isdigit() and job not in (sleepy["head"], sleepy["worker"])
+    assert f"submitted worker allocation {job}" in result.stderr
+    worker = sleepy["dir"].read_allocation().workers[job]
+    assert worker.config["ray_resources"] == {"accelerator:test": 1.0}
+    assert worker.config["time_limit"] == "5"
+
+    result = _run(sleepy, "teardown", path, "--timeout", "60")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "cancelled 3 job(s); none of the session's 3 job(s) is active"
+    jobs = scheduler.query(sleepy["job_name"])
+    assert set(jobs) == {sleepy["head"], sleepy["worker"], job}
+    assert not any(i.state.is_active for i in jobs.values())
+
+    # The status of a session whose jobs all ended: states from the query, no heartbeat wait.
+    result = _run(sleepy, "status", path, "--json")
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.stdout)
+    assert status["active_jobs"] == 0 and status["head"]["heartbeat"] == "job ended"
+    assert {r["state"] for r in status["jobs"]} <= {"CANCELLED", "COMPLETED"}
+
+
+def test_status_shows_ended_unknown_for_a_job_the_scheduler_never_knew(sleepy):
+    sleepy["dir"].update_allocation(lambda r: r.with_worker(
+        WorkerRecord(job_id="999999", config={"partition": "cpu"}, submitted_at=time.time())))
+    result = _run(sleepy, "status", str(sleepy["dir"].path))
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.stdout.splitlines() if "999999" in line)
+    assert "ENDED_UNKNOWN" in line and "cpu" in line
+
+
+def test_remove_worker_cancels_an_allocation_without_agents_and_prints_its_state(sleepy):
+    result = _run(sleepy, "remove-worker", str(sleepy["dir"].path), sleepy["worker"], "--drain-timeout", "5")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "CANCELLED"
+    assert sleepy["dir"].read_allocation().workers[sleepy["worker"]].state == "removed"
+    assert sleepy["scheduler"].query(sleepy["job_name"])[sleepy["head"]].state is JobState.RUNNING
+
+
+@pytest.mark.parametrize("job, words", [("abc", "'abc' is not a job id"),
+                                        ("999999", "job 999999 is not a worker allocation of this session")])
+def test_remove_worker_refuses_a_job_that_is_not_a_worker(sleepy, job, words):
+    result = _run(sleepy, "remove-worker", str(sleepy["dir"].path), job)
+    assert result.exit_code == 2
+    assert f"Invalid value for JOB: {words}" in result.output
+
+
+def test_remove_worker_of_the_head_is_refused(sleepy):
+    result = _run(sleepy, "remove-worker", str(sleepy["dir"].path), sleepy["head"])
+    assert result.exit_code == 2 and "not a worker allocation" in result.output
+
+
+def test_replace_head_on_a_non_session_directory_fails_in_one_line(tmp_path):
+    result = CliRunner().invoke(main, ["session", "replace-head", str(tmp_path), "--timeout", "1"])
+    assert result.exit_code == 1
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_demo_command_is_still_there():
+    result = CliRunner().invoke(main, ["demo", "--help"])
+    assert result.exit_code == 0 and "--scheduler" in result.output
+
+
+def test_session_group_lists_its_commands():
+    result = CliRunner().invoke(main, ["session", "--help"])
+    assert result.exit_code == 0
+    for command in ("status", "add-worker", "remove-worker", "replace-head", "teardown"):
+        assert command in result.output
+
+
+def test_an_unexpected_option_error_reports_the_option(tmp_path):
+    # click's own usage errors keep exit 2 through the failure wrapper.
+    result = CliRunner().invoke(main, ["session", "status", str(tmp_path), "--bogus"])
+    assert result.exit_code == 2 and "--bogus" in result.output
+    assert isinstance(OptionError("--x", "y"), click.UsageError)
