@@ -108,3 +108,86 @@ def test_launch_against_a_replaced_head_raises_replaced(session):
         session.run([sys.executable, "-c", "pass"], head=head)
     assert ended.value.allocation_state == "REPLACED"
     session.dir.write_ray_head(head.job_id)
+
+
+REPLACE_HEAD = r'''
+import json, sys, time
+from elastic_ray.coordinator.session import Session
+s = Session.open(sys.argv[1], supervise=False)
+t0 = time.time()
+head = s.replace_head(timeout=150)
+print(json.dumps({"job": head.job_id, "address": head.address, "seconds": time.time() - t0}))
+'''
+
+
+def test_sixteen_processes_replace_head_at_once_elect_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
+    s = Session.create(tmp_path / "session", scheduler="local", supervise=False,
+                       head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"),
+                       launcher=RayLauncher(object_store_memory=100_000_000))
+    try:
+        s.wait_for_head(timeout=90)
+        worker = s.add_worker_allocation(SlurmWorkerAllocationConfig(
+            partition="gpu-a", num_nodes=1, cpus_per_task=1, mem="1G", time_limit="30"))
+        s.wait_for_worker_allocation(worker, timeout=90)
+        old_head = s.record().head_job
+        s.scheduler.cancel(old_head)
+        script = tmp_path / "replace_head.py"
+        script.write_text(REPLACE_HEAD)
+        import json
+        import subprocess
+        procs = [subprocess.Popen([sys.executable, str(script), str(s.path)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(16)]
+        answers = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=200)
+            assert proc.returncode == 0, err[-2000:]
+            answers.append(json.loads(out.strip().splitlines()[-1]))
+        assert len({(a["job"], a["address"]) for a in answers}) == 1, answers
+        rec = s.record()
+        assert rec.head_job == answers[0]["job"] == worker.job_id
+        # One election: the old head is the only predecessor, and no new head job was submitted.
+        assert rec.predecessors == (old_head,)
+        assert set(s.query()) == {old_head, worker.job_id}
+        print(f"\n16 x replace_head: {min(a['seconds'] for a in answers):.1f}-"
+              f"{max(a['seconds'] for a in answers):.1f}s")
+    finally:
+        s.teardown()
+        wait_until(lambda: all(i.state.is_final for i in s.query().values()), timeout=60,
+                   message="session jobs did not end after teardown")
+
+
+def test_supervisor_notices_head_loss_and_keeps_a_worker(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
+    worker_shape = SlurmWorkerAllocationConfig(partition="gpu-a", num_nodes=1, cpus_per_task=1, mem="1G",
+                                               time_limit="30")
+    s = Session.create(tmp_path / "session", scheduler="local", supervise=True, supervise_interval=2.0,
+                       head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"),
+                       worker_allocation=worker_shape, launcher=RayLauncher(object_store_memory=100_000_000))
+    try:
+        s.wait_for_head(timeout=90)
+        first = s.worker_allocations[0]
+        s.wait_for_worker_allocation(first, timeout=90)
+        # Keep a worker: the only worker allocation ends; the session submits another.
+        s.scheduler.cancel(first.job_id)
+        wait_until(lambda: [w.job_id for w in s.worker_allocations if w.job_id != first.job_id],
+                   timeout=30, message="no worker allocation was submitted again")
+        second = next(w for w in s.worker_allocations if w.job_id != first.job_id)
+        s.wait_for_worker_allocation(second, timeout=90)
+        # Head loss with no caller: the supervisor notices from the heartbeat.
+        head = s.record().head_job
+        wait_until(lambda: s.observe_head().alive, timeout=30, message="head heartbeat not seen")
+        t0 = time.time()
+        s.scheduler.cancel(head)
+        # A cancelled head first drains (its heartbeat says so), then stops.
+        signs = ("head_draining", "head_lost")
+        wait_until(lambda: any(what in signs and at >= t0 for at, what in s.supervisor.noticed),
+                   timeout=30, message="the supervisor did not notice the lost head")
+        noticed = next(at for at, what in s.supervisor.noticed if what in signs and at >= t0)
+        wait_until(lambda: s.record().head_job != head and s.head is not None, timeout=120,
+                   message="the supervisor did not elect a new head")
+        print(f"\nhead cancelled -> supervisor noticed {noticed - t0:.1f}s; new head {s.record().head_job}")
+    finally:
+        s.teardown()
+        wait_until(lambda: all(i.state.is_final for i in s.query().values()), timeout=60,
+                   message="session jobs did not end after teardown")

@@ -36,6 +36,7 @@ from ..scheduler.base import JobInfo, JobState, Scheduler
 from ..scheduler.factory import make_scheduler
 from . import election, submit
 from .headwatch import HeadObservation, HeadWatch
+from .supervise import HeadSupervisor
 
 log = logging.getLogger("elastic_ray.coordinator")
 
@@ -85,7 +86,8 @@ class Head:
 
 class Session:
     def __init__(self, directory: SessionDir, scheduler: Scheduler | None = None, *,
-                 claim_period: float = election.DEFAULT_CLAIM_PERIOD):
+                 claim_period: float = election.DEFAULT_CLAIM_PERIOD, supervise: bool = False,
+                 supervise_interval: float = 30.0):
         self.dir = directory
         self.info: SessionInfo = directory.info()
         self.launcher = RayLauncher.from_dict(self.info.launcher)
@@ -95,6 +97,32 @@ class Session:
         self._secret: bytes | None = None
         self._watch: HeadWatch | None = None
         self._head_started_at: dict[str, float] = {}
+        self.supervisor: HeadSupervisor | None = None
+        if supervise:
+            self.start_supervisor(supervise_interval)
+
+    def start_supervisor(self, interval: float = 30.0) -> "HeadSupervisor":
+        """Watch the head from this process: heartbeat loss is noticed within
+        about 2 s, the scheduler is asked every ``interval`` s, and a lost head
+        is replaced (one election across all processes)."""
+        if self.supervisor is None:
+            self.supervisor = HeadSupervisor(self, interval=interval).start()
+        return self.supervisor
+
+    def close(self) -> None:
+        """Stop this process's supervision and listeners (jobs keep running)."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------ create / open
     @classmethod
@@ -109,6 +137,9 @@ class Session:
         worker_allocation: SlurmWorkerAllocationConfig | None = None,
         job_name: str | None = None,
         local_state_dir: str | Path | None = None,
+        claim_period: float = election.DEFAULT_CLAIM_PERIOD,
+        supervise: bool = True,
+        supervise_interval: float = 30.0,
     ) -> "Session":
         """Create the session directory and submit the head (and the first worker).
 
@@ -139,16 +170,22 @@ class Session:
                            worker_allocation=None if worker_allocation is None else worker_allocation.to_dict(),
                            launcher=launcher.to_dict())
         directory = SessionDir.create(path, info)
-        session = cls(directory, sched_obj)
+        session = cls(directory, sched_obj, claim_period=claim_period)
         session._submit_head()
         if worker_allocation is not None:
             session.add_worker_allocation(worker_allocation)
+        if supervise:
+            session.start_supervisor(supervise_interval)
         return session
 
     @classmethod
     def open(cls, path: str | Path, scheduler: Scheduler | None = None, *,
-             claim_period: float = election.DEFAULT_CLAIM_PERIOD) -> "Session":
-        return cls(SessionDir.open(path), scheduler, claim_period=claim_period)
+             claim_period: float = election.DEFAULT_CLAIM_PERIOD, supervise: bool = True,
+             supervise_interval: float = 30.0) -> "Session":
+        """Open an existing session from any process (a restarted supervisor,
+        a payload step, a CLI). With ``supervise`` it watches the head too."""
+        return cls(SessionDir.open(path), scheduler, claim_period=claim_period, supervise=supervise,
+                   supervise_interval=supervise_interval)
 
     # ------------------------------------------------------------ views
     @property
@@ -190,6 +227,7 @@ class Session:
     def _submit_head(self) -> str:
         spec = submit.head_spec(self.dir, self.job_name, self.head_config(), self.launcher)
         job_id = self.scheduler.submit(spec)
+        self._head_started_at[job_id] = time.time()
         self.dir.update_allocation(lambda r: replace(r, head_job=job_id))
         self.dir.write_ray_head(job_id)
         log.info("event=head_submitted session=%s job=%s", self.job_name, job_id)
@@ -293,16 +331,22 @@ class Session:
 
     def _assess(self, rec: AllocationRecord, jobs: Mapping[str, JobInfo], obs: HeadObservation,
                 now: float) -> election.HeadAssessment:
-        started = self._head_started_at.get(rec.head_job or "", 0.0)
-        endpoint = self.dir.read_head_endpoint(rec.head_job) if rec.head_job else None
-        if endpoint is not None:
-            started = max(started, endpoint.started_at)
-        starting = endpoint is None or now - started < 5.0
+        head = rec.head_job or ""
+        info = jobs.get(head)
+        # When did this head's job start? Any process can tell from the
+        # scheduler; this process may also remember submitting it.
+        started = max(self._head_started_at.get(head, 0.0), (info.start_time or 0.0) if info else 0.0)
+        endpoint = self.dir.read_head_endpoint(head) if head else None
+        if endpoint is None:
+            starting = now - started < HEAD_START_GRACE
+        else:
+            # Published but no heartbeat heard yet: give the subscription a moment.
+            starting = now - endpoint.started_at < 5.0
         # The pointer and the record name the same head except inside an
         # election; the heartbeat we hold is only about the pointer's head.
         alive = obs.alive and obs.job == rec.head_job
-        return election.assess_head(rec, jobs, head_alive=alive, now=now, head_draining=obs.draining,
-                                    head_starting=starting and now - started < HEAD_START_GRACE)
+        return election.assess_head(rec, jobs, head_alive=alive, now=now, head_draining=obs.draining and alive,
+                                    head_starting=starting)
 
     def replace_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
         """Return the healthy head, electing one first if the session has none.
@@ -514,6 +558,7 @@ class Session:
     # ------------------------------------------------------------ teardown
     def teardown(self) -> None:
         """Cancel every job of the session (by its job name)."""
+        self.close()
         try:
             self.scheduler.cancel_by_name(self.job_name)
         except SchedulerError as exc:

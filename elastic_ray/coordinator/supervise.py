@@ -1,0 +1,131 @@
+"""Every process that holds a Session keeps an eye on the head.
+
+The seed asks that each step process of a run checks the head every 30
+seconds once the session has a worker allocation or a separate head, and
+elects when it is lost. We do better than polling: the supervisor listens to
+the head's heartbeat all the time, so a lost head is noticed about two
+seconds after it stopped, and it asks the scheduler (one query) every
+``interval`` seconds for what a heartbeat cannot tell (the job ended while
+Ray still ran, a head close to its walltime). Many processes may do this at
+once; the claim in allocation.json makes them run one election.
+
+It also keeps a worker: with ``worker_allocation`` set (or a head-only
+head), a session with no live worker allocation submits one again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+
+from ..config import SlurmWorkerAllocationConfig
+from ..errors import ElasticRayError
+from . import election
+
+if TYPE_CHECKING:
+    from .session import Session
+
+log = logging.getLogger("elastic_ray.coordinator")
+
+DEFAULT_INTERVAL = 30.0
+
+
+def should_elect_on_its_own(has_workers: bool, ray_head_only: bool) -> bool:
+    """Pure: sessions without worker allocations and without a separate head
+    leave failover to an explicit ``replace_head()`` call (the seed's rule)."""
+    return has_workers or ray_head_only
+
+
+class HeadSupervisor:
+    def __init__(self, session: "Session", interval: float = DEFAULT_INTERVAL, keep_worker: bool = True,
+                 on_event: Callable[[str, dict], None] | None = None):
+        self.session = session
+        self.interval = interval
+        self.keep_worker = keep_worker
+        self.on_event = on_event
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="elastic-ray-head-supervisor", daemon=True)
+        self.noticed: list[tuple[float, str]] = []  # (time, what) for status and benchmarks
+
+    def start(self) -> "HeadSupervisor":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def _emit(self, what: str, **fields) -> None:
+        self.noticed.append((time.time(), what))
+        del self.noticed[:-100]
+        log.info("event=%s session=%s %s", what, self.session.job_name,
+                 " ".join(f"{k}={v}" for k, v in fields.items()))
+        if self.on_event:
+            try:
+                self.on_event(what, fields)
+            except Exception:  # a callback must not stop supervision
+                log.exception("event=supervisor_callback_failed")
+
+    def _run(self) -> None:
+        next_full = 0.0
+        was_alive = False
+        was_draining = False
+        while not self._stop.is_set():
+            try:
+                obs = self.session.observe_head(wait=0.5)
+                now = time.time()
+                lost = was_alive and not obs.alive
+                draining = obs.alive and obs.draining and not was_draining
+                was_alive, was_draining = obs.alive, obs.alive and obs.draining
+                if lost:
+                    self._emit("head_lost", head=obs.job, last_beat_age=f"{obs.last_beat_age or 0:.1f}s")
+                if draining:
+                    self._emit("head_draining", head=obs.job)
+                if lost or draining or now >= next_full:
+                    next_full = now + self.interval
+                    self._check(now)
+            except ElasticRayError as exc:
+                log.warning("event=supervisor_error session=%s error=%s", self.session.job_name, exc)
+            except Exception:
+                log.exception("event=supervisor_error session=%s", self.session.job_name)
+            self._stop.wait(0.05)
+
+    def _check(self, now: float) -> None:
+        session = self.session
+        rec = session.record()
+        if not should_elect_on_its_own(bool(rec.workers), session.info.ray_head_only):
+            return
+        jobs = session.query()
+        obs = session.observe_head()
+        assessment = session._assess(rec, jobs, obs, now)
+        if assessment.needs_election:
+            self._emit("election_needed", why=repr(assessment.why))
+            head = session.replace_head(timeout=3600)
+            self._emit("head_ready", head=head.job_id, address=head.address)
+            rec, jobs = session.record(), session.query()
+        if self.keep_worker:
+            self._keep_a_worker(rec, jobs, now)
+
+    def _keep_a_worker(self, rec, jobs, now: float) -> None:
+        session = self.session
+        live = election.live_workers(rec, jobs)
+        if live:
+            return
+        template = session.info.worker_allocation
+        if template is None:
+            return  # nothing to resubmit: the session never named a worker shape
+        claimant = f"keep-worker:{id(self)}"
+        won = session.dir.update_allocation(lambda r: election.claim(r, claimant, now, 60.0)[0])
+        if won.election is None or won.election.claimant != claimant:
+            return  # another process is electing or replenishing
+        try:
+            fresh = session.query()
+            if election.live_workers(session.record(), fresh):
+                return
+            handle = session.add_worker_allocation(SlurmWorkerAllocationConfig.from_dict(template))
+            self._emit("worker_resubmitted", job=handle.job_id)
+        finally:
+            session.dir.update_allocation(lambda r: election.release(r, claimant))
