@@ -45,6 +45,7 @@ AGENT_STALE_AFTER = 30.0
 # waits up to the heartbeat's loss window for a beat, so this stays small.
 HEARTBEAT_WAIT = 0.5
 STATE_POLL = 0.5
+_ACTIVE_STATES = frozenset(s.value for s in JobState if s.is_active)
 
 
 # =============================================================== pure: options -> config
@@ -170,7 +171,9 @@ def _node_rows(info: JobInfo | None, states: Mapping[str, Mapping[str, Any]], no
             "ray_node_id": state.get("node_id") if isinstance(state.get("node_id"), str) else None,
             "agent_state": agent,
             "agent_exited": exited,
-            "agent_stale": bool(agent) and not exited and age is not None and age > AGENT_STALE_AFTER,
+            # Stale only matters while the job runs; after it, the job's state says enough.
+            "agent_stale": (bool(agent) and not exited and age is not None and age > AGENT_STALE_AFTER
+                            and info is not None and info.state.is_active),
             "agent_updated_age": None if age is None else round(age, 1),
         })
     return rows
@@ -258,7 +261,7 @@ def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecor
             "live": election.is_live(now)},
         "successor": record.successor,
         "jobs": rows,
-        "active_jobs": sum(1 for r in rows if r["state"] in {s.value for s in JobState if s.is_active}),
+        "active_jobs": sum(1 for r in rows if r["state"] in _ACTIVE_STATES),
         "observed_at": now,
     }
 
@@ -281,11 +284,12 @@ _STATE_STYLE = {"RUNNING": "green", "PENDING": "yellow", "COMPLETING": "yellow",
                 "COMPLETED": "dim", "UNKNOWN": "magenta", "ENDED_UNKNOWN": "magenta"}
 
 
-def _drain_text(drain: Mapping[str, Any] | None, now: float) -> str:
+def _drain_text(drain: Mapping[str, Any] | None, job_state: str, now: float) -> str:
     if drain is None:
         return ""
     deadline = drain.get("deadline")
-    if drain["state"] == "submitted" or deadline is None:
+    # Once the job has ended its drain deadline no longer means anything.
+    if drain["state"] == "submitted" or deadline is None or job_state not in _ACTIVE_STATES:
         return drain["state"]
     if deadline >= now:
         return f"{drain['state']}, deadline in {format_duration(deadline - now)}"
@@ -344,7 +348,7 @@ def render_status(status: Mapping[str, Any]) -> Group:
             "\n".join((n["ray_node_id"] or "-")[:12] for n in nodes) or "-",
             "\n".join(_agent_text(n) for n in nodes) or "-",
             format_duration(row["time_left"]),
-            _drain_text(row["drain"], now),
+            _drain_text(row["drain"], row["state"], now),
         )
     return Group(header, head_line, *extra, table)
 

@@ -264,6 +264,16 @@ def test_status_heartbeat_states(change, heartbeat):
     assert _status(**change)["head"]["heartbeat"] == heartbeat
 
 
+def test_a_drain_deadline_is_shown_only_while_the_job_is_active():
+    record, jobs, *_ = _fabricated()
+    record = record.with_worker(replace(record.workers["22"], state="removed"))
+    text = _text(_status(record=record))
+    assert "removed, deadline in 50s" in text
+    ended = dict(jobs, **{"22": replace(jobs["22"], state=JobState.COMPLETED, time_left=None)})
+    text = _text(_status(record=record, jobs=ended))
+    assert "deadline" not in text and "removed" in text
+
+
 def test_status_of_a_session_whose_jobs_all_ended():
     record, jobs, nodes, endpoint, _ = _fabricated()
     ended = {j: replace(i, state=JobState.ENDED_UNKNOWN if j == "23" else JobState.COMPLETED, time_left=None)
@@ -273,6 +283,7 @@ def test_status_of_a_session_whose_jobs_all_ended():
     assert status["active_jobs"] == 0
     text = _text(status)
     assert "heartbeat job ended" in text and "ENDED_UNKNOWN" in text
+    assert "stale" not in text  # an old agent report of an ended job is no news
 
 
 def test_status_shows_a_worker_hosted_head_an_election_and_a_successor():
