@@ -55,6 +55,17 @@ class CorruptFileError(SessionDirError):
         super().__init__(f"{path}: {reason}")
 
 
+class AllocationFailed(ElasticRayError):
+    """An allocation ended before it was ready (a worker before all its nodes
+    joined, a head before its Ray answered). ``log_path`` names its job log."""
+
+    def __init__(self, message: str, *, state: str, job_id: str, log_path: str | None = None):
+        self.state = state
+        self.job_id = job_id
+        self.log_path = log_path
+        super().__init__(message)
+
+
 class SlurmAllocationEnded(ElasticRayError):
     """The allocation that hosted a payload driver is gone (or was replaced)."""
 

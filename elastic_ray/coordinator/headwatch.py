@@ -62,7 +62,8 @@ class HeadWatch:
                                                 self.session_id, context=self._ctx)
                 self._subscribed_at = time.time()
 
-    def _read(self, wait: float) -> None:
+    def _read(self, wait: float, until_first: bool = False) -> None:
+        """Listen up to ``wait`` s; with ``until_first``, stop at the first beat."""
         if self._sub is None:
             if wait > 0:
                 time.sleep(min(wait, 0.2))
@@ -77,6 +78,8 @@ class HeadWatch:
                 self._last_beat = time.time()
                 self._ok = bool(body.get("ray_ok"))
                 self._draining = bool(body.get("draining"))
+                if until_first:
+                    return
             if time.time() >= deadline:
                 return
 
@@ -89,9 +92,10 @@ class HeadWatch:
         """
         with self._lock:
             self._follow_pointer()
-            if self._sub is not None and self._last_beat is None:
+            first = self._sub is not None and self._last_beat is None
+            if first:
                 wait = max(wait, self.lost_after - (time.time() - self._subscribed_at))
-            self._read(wait)
+            self._read(wait, until_first=first)
             now = time.time()
             age = None if self._last_beat is None else now - self._last_beat
             alive = age is not None and age <= self.lost_after and self._ok

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ from ..config import (
     inherit_worker_config,
     resolve_head_config,
 )
-from ..errors import ConfigError, ElasticRayError, SchedulerError, SlurmAllocationEnded
+from ..errors import AllocationFailed, ConfigError, ElasticRayError, SchedulerError, SlurmAllocationEnded
 from ..launcher import RayLauncher
 from ..protocol.channel import ControlClient, ControlError
 from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
@@ -45,15 +46,6 @@ CONTROL_TIMEOUT = 3.0
 # How long a newly elected or submitted head may take to answer before its
 # silence counts as a failure.
 HEAD_START_GRACE = 120.0
-
-
-class AllocationFailed(ElasticRayError):
-    """A worker allocation ended before all of its nodes joined."""
-
-    def __init__(self, message: str, *, state: str, job_id: str):
-        self.state = state
-        self.job_id = job_id
-        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -564,6 +556,9 @@ class Session:
         except SchedulerError as exc:
             log.warning("event=teardown_failed session=%s error=%s", self.job_name, exc)
             raise
+        self.dir.update_allocation(lambda r: replace(r, workers=MappingProxyType({
+            job: (w if w.state == "removed" else replace(w, state="removed")) for job, w in r.workers.items()}))
+            if any(w.state != "removed" for w in r.workers.values()) else r)
         log.info("event=teardown session=%s", self.job_name)
 
     def _log_tail(self, job_id: str | None, role: str, lines: int = 15) -> str:
