@@ -191,3 +191,47 @@ def test_supervisor_notices_head_loss_and_keeps_a_worker(tmp_path, monkeypatch):
         s.teardown()
         wait_until(lambda: all(i.state.is_final for i in s.query().values()), timeout=60,
                    message="session jobs did not end after teardown")
+
+
+def test_head_drain_hands_over_and_drivers_see_step_drained(tmp_path, monkeypatch):
+    from elastic_ray import AllocationFailed, SlurmStepDrained
+
+    monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
+    s = Session.create(tmp_path / "session", scheduler="local", supervise=False,
+                       head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"),
+                       launcher=RayLauncher(object_store_memory=100_000_000))
+    try:
+        s.wait_for_head(timeout=90)
+        worker = s.add_worker_allocation(SlurmWorkerAllocationConfig(
+            partition="gpu-a", num_nodes=1, gpus_per_node=2, cpus_per_task=1, mem="1G", time_limit="30"))
+        s.wait_for_worker_allocation(worker, timeout=90)
+
+        # Waiting on an allocation that cannot start yet: TimeoutError naming the job.
+        big = s.add_worker_allocation(SlurmWorkerAllocationConfig(
+            partition="gpu-a", num_nodes=1, gpus_per_node=4, cpus_per_task=1, mem="1G", time_limit="30"))
+        with pytest.raises(TimeoutError, match=f"worker allocation {big.job_id} not joined"):
+            s.wait_for_worker_allocation(big, timeout=2)
+        # ... and a clear error once it ended without joining.
+        s.scheduler.cancel(big.job_id)
+        with pytest.raises(AllocationFailed) as failed:
+            s.wait_for_worker_allocation(big, timeout=30)
+        assert failed.value.state == "CANCELLED" and failed.value.job_id == big.job_id
+
+        # request_drain() on a healthy head: its drivers get SIGTERM, the next
+        # head is elected, and the old head stays until the head has moved.
+        old = s.replace_head(timeout=30)
+        run = s.run([sys.executable, "-c", "import signal, sys, time\n"
+                     "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\ntime.sleep(120)"])
+        assert old.request_drain(drain_timeout=120) == 1
+        with pytest.raises(SlurmStepDrained):
+            run.wait(timeout=30)
+        assert s.query([old.job_id])[old.job_id].state.value == "RUNNING", "the draining head stays"
+        new = s.replace_head(timeout=120)
+        assert new.job_id == worker.job_id != old.job_id
+        wait_until(lambda: s.query([old.job_id])[old.job_id].state.is_final, timeout=60,
+                   message="the old head did not leave after the head moved")
+        assert s.query([old.job_id])[old.job_id].state.value == "COMPLETED"
+    finally:
+        s.teardown()
+        wait_until(lambda: all(i.state.is_final for i in s.query().values()), timeout=60,
+                   message="session jobs did not end after teardown")

@@ -14,7 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -74,6 +74,14 @@ class Head:
 
     job_id: str
     address: str
+    session: "Session | None" = field(default=None, compare=False, repr=False)
+
+    def request_drain(self, drain_timeout: float = 300.0, reason: str = "request_drain") -> int:
+        """Phase this head out: it keeps serving until the session elected the
+        next head (its payload drivers get SIGTERM and raise SlurmStepDrained)."""
+        if self.session is None:
+            raise ValueError("this Head is not attached to a session")
+        return self.session._drain_job(self.job_id, drain_timeout, reason)
 
 
 class Session:
@@ -319,7 +327,7 @@ class Session:
     def head(self) -> Head | None:
         """The current head if it is healthy right now, else None."""
         obs = self.observe_head()
-        return Head(obs.job, obs.address) if obs.alive and obs.job and obs.address else None
+        return Head(obs.job, obs.address, self) if obs.alive and obs.job and obs.address else None
 
     def _assess(self, rec: AllocationRecord, jobs: Mapping[str, JobInfo], obs: HeadObservation,
                 now: float) -> election.HeadAssessment:
@@ -358,7 +366,7 @@ class Session:
             now = time.time()
             assessment = self._assess(rec, jobs, obs, now)
             if assessment.condition is election.HeadCondition.HEALTHY and obs.address:
-                return Head(rec.head_job, obs.address)  # type: ignore[arg-type]
+                return Head(rec.head_job, obs.address, self)  # type: ignore[arg-type]
             if assessment.condition.value != last and progress:
                 progress(assessment.why)
                 last = assessment.condition.value
@@ -469,6 +477,7 @@ class Session:
 
     def _drain_job(self, job_id: str, drain_timeout: float, reason: str) -> int:
         deadline = time.time() + drain_timeout
+        # (a head job is not in the workers map; its drain shows in its heartbeat)
         self.dir.update_allocation(lambda r: r.with_worker(replace(
             r.workers[job_id], state="draining", drain_requested_at=time.time(), drain_deadline=deadline))
             if job_id in r.workers and r.workers[job_id].state == "submitted" else r)
