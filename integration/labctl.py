@@ -923,6 +923,21 @@ def slurm_conf_path() -> Path:
     return settings_from_env().conf
 
 
+def _other_lab_dirs(s: Settings) -> list[str]:
+    """Lab dirs named by the markers of other labs in /etc/hosts."""
+    try:
+        text = Path("/etc/hosts").read_text()
+    except OSError:
+        return []
+    found = []
+    for line in text.splitlines():
+        if line.startswith("# >>> elastic-ray-lab "):
+            where = line[len("# >>> elastic-ray-lab "):].rstrip(" >")
+            if where != str(s.lab_dir) and where not in found:
+                found.append(where)
+    return found
+
+
 def _running(s: Settings) -> bool:
     return load_state(s) is not None and pid_alive(ctld_pid(s))
 
@@ -969,6 +984,14 @@ def up(n: int = DEFAULT_NODES) -> LabInfo:
         log(f"up: {n} nodes already running; {what} ({_since(t0)})")
         return info
 
+    if state is None and Path(f"/sys/class/net/{s.bridge}").exists():
+        # The bridge belongs to a lab we have no record of (another checkout's
+        # lab dir): taking it down would kill someone else's cluster, and a
+        # second lab could not bind Slurm's fixed ports anyway.
+        owners = _other_lab_dirs(s)
+        raise LabError(f"bridge {s.bridge} is in use by another lab ({', '.join(owners) or 'unknown dir'}); "
+                       f"stop it with ELASTIC_RAY_LAB_DIR=<that dir> integration/lab down, or reuse it by "
+                       f"setting ELASTIC_RAY_LAB_DIR")
     if state is not None or Path(f"/sys/class/net/{s.bridge}").exists():
         if _running(s):
             log("up: a lab with another layout or config is running; restarting it")
