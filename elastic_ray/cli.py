@@ -33,12 +33,23 @@ def main() -> None:
                    "Default: ./demo-session")
 @click.option("--sleep", type=click.FloatRange(min=0, max=600), default=6.0, show_default=True,
               help="How long each node's command runs.")
-def demo(scheduler: str, workdir: Path | None, sleep: float) -> None:
-    """Submit three allocations of one session and watch their life as a table."""
+@click.option("--allocations-only", is_flag=True,
+              help="Only the scheduler part: three allocations watched as a table (no Ray).")
+def demo(scheduler: str, workdir: Path | None, sleep: float, allocations_only: bool) -> None:
+    """An elastic Ray run: workers join and leave, the head fails over, the payload finishes."""
     from .demo import run_demo
 
     console = Console(width=None if sys.stdout.isatty() else 130)
     workdir = (workdir or Path.cwd() / "demo-session").absolute()
+    if not allocations_only:
+        from .demo_elastic import run_elastic_demo
+
+        try:
+            ok = run_elastic_demo(scheduler, workdir, console)
+        except ElasticRayError as exc:
+            raise click.ClickException(str(exc)) from None
+        console.print("[green]demo passed[/]" if ok else "[red]demo failed[/]")
+        sys.exit(0 if ok else 1)
     try:
         sched = make_scheduler(scheduler, state_dir=workdir / "local-scheduler",
                                slurm_conf=os.environ.get("SLURM_CONF"))
