@@ -7,17 +7,26 @@ anywhere. The same scenarios against real Slurm live in integration/.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import msgpack
+import psutil
 import pytest
+import zmq
 
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from elastic_ray.agent import gcs
 from elastic_ray.coordinator.session import Session
 from elastic_ray.launcher import RayLauncher
+from elastic_ray.protocol.channel import ControlClient
+from elastic_ray.protocol.frames import MAX_FRAME_BYTES, REQUEST_KINDS, seal, sign
 
 from tests.helpers import wait_until
 
@@ -30,6 +39,11 @@ print(json.dumps({"total": ray.cluster_resources(),
                   "nodes": [{k: n[k] for k in ("NodeID", "Alive", "Resources", "NodeManagerAddress")}
                             for n in ray.nodes() if n["Alive"]]}))
 """
+
+
+# The tests below drive heads and pointers by hand; an automatic election
+# (the coordinator's supervisor, where the Session has one) would interfere.
+NO_SUPERVISOR = {"supervise": False} if "supervise" in inspect.signature(Session.create).parameters else {}
 
 
 def driver(address: str, code: str = DRIVER, timeout: float = 90) -> dict:
@@ -49,6 +63,7 @@ def session_factory(tmp_path, monkeypatch):
     def make(**kwargs) -> Session:
         kwargs.setdefault("head", SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"))
         kwargs.setdefault("launcher", RayLauncher(object_store_memory=100_000_000))
+        kwargs.update(NO_SUPERVISOR)
         session = Session.create(tmp_path / f"s{len(made)}", scheduler="local", **kwargs)
         made.append(session)
         return session
@@ -79,3 +94,279 @@ def test_cpu_head_and_a_gpu_worker_allocation(session_factory):
     assert nodes["gpua-1"] in {n["NodeID"] for n in seen["nodes"]}
     state = session.remove_worker_allocation(worker, drain_timeout=30)
     assert state == "COMPLETED"
+
+
+# ---------------------------------------------------------------- one run shared by the tests below
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """A head and one worker allocation, kept for the module (the tests below
+    leave the head in place)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ELASTIC_AGENT_BACKOFF_BASE", "1")
+    mp.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
+    session = Session.create(tmp_path_factory.mktemp("agent-local") / "s", scheduler="local",
+                             head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"),
+                             launcher=RayLauncher(object_store_memory=100_000_000), **NO_SUPERVISOR)
+    try:
+        session.wait_for_head(timeout=90)
+        worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(
+            partition="gpu-b", num_nodes=1, gpus_per_node=1, cpus_per_task=1, mem="1G", time_limit="30"))
+        session.wait_for_worker_allocation(worker, timeout=90)
+        yield session, worker
+    finally:
+        session.teardown()
+        wait_until(lambda: all(i.state.is_final for i in session.query().values()), timeout=60,
+                   message="session jobs did not end after teardown")
+        mp.undo()
+
+
+def one_state(session: Session, job: str) -> dict:
+    return next(iter(session.node_states(job).values()), {})
+
+
+def processes_naming(fragment: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(fragment in arg for arg in proc.info["cmdline"] or ()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+# ---------------------------------------------------------------- 7. garbage on the control socket
+
+FUZZ_FRAMES = 10_000
+
+
+def hostile_frames(rng: random.Random, secret: bytes, sid: str, endpoint: str, captured: list[list[bytes]]):
+    """Yield (parts, delivered): 10,000 random or mutated frames; ``delivered``
+    is False for those libzmq itself drops (a part above its 64 KiB limit).
+
+    Unlike tests/test_channel.py's generator these are sealed with the RUN's
+    own secret where they are meant to be authentic-but-wrong, so they reach
+    every check behind the MAC: a broken envelope, a wrong version, session or
+    destination, a stale timestamp, a replay, a kind an agent does not serve.
+    """
+    def valid(kind="status", body=None, key=secret, **kw):
+        return seal(key, sid, kind, body or {}, to=endpoint if kind in REQUEST_KINDS else None, **kw)
+
+    def body_for(kind, reason="fuzz"):
+        return {"drain": {"deadline": time.time() + 60, "reason": reason}, "host_head": {"head_job": "1"},
+                "shutdown": {"reason": reason}}.get(kind, {})
+
+    def signed(env):
+        packed = msgpack.packb(env, use_bin_type=True)
+        return [packed, sign(secret, packed)]
+
+    def envelope(**over):
+        env = {"v": 1, "kind": "drain", "ts": time.time(), "nonce": rng.randbytes(16), "sid": sid,
+               "body": {"deadline": time.time() + 60}, "to": endpoint}
+        env.update(over)
+        return env
+
+    mutations = [{"kind": 5}, {"ts": "now"}, {"ts": None}, {"nonce": "n" * 16}, {"nonce": 7}, {"v": "1"},
+                 {"v": 1.0}, {"sid": None}, {"to": [endpoint]}, {"body": [1, 2]}, {"body": {"deadline": "soon"}},
+                 {"body": {"deadline": True}}, {"body": {"deadline": 1.0, "reason": 5}},
+                 {"body": {"deadline": 1.0, "extra": 1}}, {"kind": "follow", "body": {"head_job": 5}},
+                 {"v": 2}, {"v": -1}, {"sid": "other-session"}, {"kind": "reboot"}, {"ts": time.time() - 1000},
+                 {"ts": time.time() + 1000}, {"to": "tcp://10.9.9.9:1"}, {"kind": "shutdown", "to": None}]
+    huge = [b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xdb\xff\xff\xff\xff", b"\xc6\xff\xff\xff\xff",
+            b"\x91" * 5000, b"\x81\xa1k" * 3000, b"\xdc\xff\xff" + b"\xc0" * 100]
+    categories = ["random", "random2", "bitflip", "replay", "wrong_secret", "parts", "huge", "types", "kinds"]
+    for _ in range(FUZZ_FRAMES):
+        category = rng.choice(categories)
+        if category == "random":
+            size = rng.randrange(0, 100 * 1024)
+            yield [rng.randbytes(size)], size <= MAX_FRAME_BYTES
+        elif category == "random2":
+            a, b = rng.randrange(0, 100 * 1024), rng.randrange(0, 64)
+            yield [rng.randbytes(a), rng.randbytes(b)], a <= MAX_FRAME_BYTES
+        elif category == "bitflip":
+            kind = rng.choice(["drain", "shutdown", "host_head", "status"])
+            parts = valid(kind, body_for(kind, "x" * rng.randrange(0, 200)))
+            index = rng.randrange(2)
+            flipped = bytearray(parts[index])
+            bit = rng.randrange(len(flipped) * 8)
+            flipped[bit // 8] ^= 1 << (bit % 8)
+            parts[index] = bytes(flipped)
+            yield parts, True
+        elif category == "replay":
+            yield list(rng.choice(captured)), True
+        elif category == "wrong_secret":
+            kind = rng.choice(["drain", "shutdown", "status", "host_head"])
+            yield valid(kind, body_for(kind), key=bytes(range(100, 132))), True
+        elif category == "parts":
+            parts = valid()
+            shape = rng.randrange(4)
+            if shape == 0:
+                yield [b""], True
+            elif shape == 1:
+                yield [b"", *parts], True
+            elif shape == 2:
+                yield [*parts, parts[1]], True
+            else:
+                yield [b"p"] * rng.randrange(4, 2000), True
+        elif category == "huge":
+            packed = rng.choice(huge)
+            yield [packed, sign(secret, packed)], True
+        elif category == "types":
+            yield signed(envelope(**rng.choice(mutations))), True
+        else:  # authentic frames of kinds an agent must not serve
+            if rng.random() < 0.5:
+                yield valid("heartbeat", {"src": "pub", "seq": rng.randrange(1000)}), True
+            else:
+                yield valid("reply", {"ok": True}, re=rng.randbytes(16)), True
+
+
+@pytest.mark.timeout(180)
+def test_ten_thousand_hostile_frames_change_nothing_and_the_agent_still_answers(shared):
+    session, worker = shared
+    before = one_state(session, worker.job_id)
+    assert before["state"] == "JOINED"
+    endpoint, secret, sid = before["control"], session.dir.secret(), session.info.session_id
+    client = ControlClient(endpoint, secret, sid)
+    first = client.request("status", {}, timeout=5)["status"]["requests"]
+    ctx = zmq.Context()
+    socks = []
+
+    def dealer() -> zmq.Socket:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDTIMEO, 10_000)
+        sock.connect(endpoint)
+        socks.append(sock)
+        return sock
+
+    try:
+        setup, bulk, doomed = dealer(), dealer(), dealer()
+        captured = []
+        for i in range(20):   # genuine, harmless requests, kept for replaying
+            parts = seal(secret, sid, "follow", {"head_job": before["head_job"]}, to=endpoint)
+            setup.send_multipart(parts)
+            assert setup.poll(5000)
+            setup.recv_multipart()
+            captured.append(parts)
+        started = time.monotonic()
+        delivered = dropped = 0
+        for parts, deliverable in hostile_frames(random.Random(20261130), secret, sid, endpoint, captured):
+            if deliverable:
+                bulk.send_multipart(parts)
+                delivered += 1
+            else:
+                try:
+                    doomed.send_multipart(parts, zmq.NOBLOCK)   # libzmq drops it and disconnects the peer
+                except zmq.Again:
+                    pass
+                dropped += 1
+        sent = time.monotonic() - started
+        polls = 0
+
+        def all_seen() -> dict | None:
+            nonlocal polls
+            polls += 1
+            counts = client.request("status", {}, timeout=5)["status"]["requests"]
+            return counts if counts["rejected"] - first["rejected"] >= delivered else None
+
+        counts = wait_until(all_seen, 60, 0.5, "the agent to have judged every delivered frame")
+        assert bulk.poll(300) == 0, "a hostile frame was answered"
+    finally:
+        for sock in socks:
+            sock.close()
+        ctx.term()
+    # Nothing hostile was accepted: only our 20 genuine requests and our status calls.
+    assert counts["accepted"] == first["accepted"] + 20 + polls, (first, counts, polls)
+    assert counts["rejected"] - first["rejected"] == delivered, (first, counts, delivered)
+    status = client.request("status", {}, timeout=5)["status"]
+    after = one_state(session, worker.job_id)
+    assert status["pid"] == before["pid"] and status["state"] == "JOINED" and status["node_id"] == before["node_id"]
+    assert after["state"] == "JOINED" and after["node_id"] == before["node_id"]
+    assert psutil.pid_exists(before["pid"])
+    address = session.dir.read_head_endpoint(before["head_job"]).address
+    assert gcs.node_alive(address, before["node_id"], timeout=20)
+    print(f"\nfuzz against agent {worker.job_id} ({endpoint}): {FUZZ_FRAMES} frames, {delivered} delivered "
+          f"and rejected, {dropped} dropped by libzmq (part > 64 KiB), 0 accepted; sent in {sent:.1f} s; "
+          f"rejections by reason {dict(sorted((k, v - first['rejected_by_reason'].get(k, 0)) for k, v in counts['rejected_by_reason'].items()))}")
+
+
+# ---------------------------------------------------------------- a damaged pointer does not drop the cluster
+
+def test_an_unreadable_pointer_keeps_the_live_head(shared):
+    session, worker = shared
+    before = one_state(session, worker.job_id)
+    head = session.dir.read_ray_head()
+    try:
+        session.dir.ray_head_file.write_text("not a job id\n")
+        deadline = time.time() + 3
+        while time.time() < deadline:   # 6 pointer polls and more than head_lost_after
+            state = ControlClient(before["control"], session.dir.secret(), session.info.session_id).request(
+                "status", {}, timeout=5)["status"]
+            assert state["state"] == "JOINED" and state["node_id"] == before["node_id"], state
+            time.sleep(0.3)
+    finally:
+        session.dir.write_ray_head(head)
+    log = (session.dir.log_dir / f"agent-{worker.job_id}-{before['node']}.log").read_text()
+    assert "event=head_pointer_missing" in log
+
+
+# ---------------------------------------------------------------- a TERM while Ray is still starting
+
+@pytest.mark.parametrize("delay", [0.0, 2.0], ids=["at-once", "after-2s"])
+def test_term_while_starting_leaves_at_once_and_leaves_no_ray_behind(shared, delay):
+    session, _ = shared
+    handle = session.add_worker_allocation(SlurmWorkerAllocationConfig(
+        partition="cpu", num_nodes=1, gpus_per_node=0, cpus_per_task=1, mem="1G", time_limit="30"))
+    state = wait_until(lambda: (s := one_state(session, handle.job_id)).get("state") == "STARTING" and s, 60, 0.05,
+                       "the worker to start Ray")
+    if delay:
+        time.sleep(delay)  # deliberately into the middle of `ray start`
+    session.scheduler.signal(handle.job_id, "TERM")
+    final = wait_until(lambda: (i := session.query().get(handle.job_id)) and i.state.is_final and i, 60, 0.2,
+                       "the job to end")
+    left = one_state(session, handle.job_id)
+    assert final.state.value == "COMPLETED"
+    assert left["state"] == "LEFT" and "drain before joining" in left["reason"], left["reason"]
+    fragment = f"/tmp/er/{session.info.session_id[:8]}/{handle.job_id}."
+    wait_until(lambda: not processes_naming(fragment), 15, 0.2, f"no process under {fragment}")
+    assert not list(Path(fragment.rsplit("/", 1)[0]).glob(f"{handle.job_id}.*"))
+    print(f"\nTERM {delay:.0f} s into STARTING: job {final.state.value}, agent {left['state']}; "
+          f"exited {left['updated_at'] - state['since']:.1f} s after the start began")
+
+
+# ---------------------------------------------------------------- the hosted head
+
+@pytest.mark.timeout(240)
+def test_a_worker_hosts_a_head_and_its_own_node_follows_it(session_factory):
+    session = session_factory()
+    session.wait_for_head(timeout=90)
+    worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(
+        partition="gpu-a", num_nodes=1, gpus_per_node=1, cpus_per_task=2, mem="2G", time_limit="30"))
+    nodes = session.wait_for_worker_allocation(worker, timeout=90)
+    before = one_state(session, worker.job_id)
+    client = ControlClient(before["control"], session.dir.secret(), session.info.session_id)
+    reply = client.request("host_head", {"head_job": worker.job_id}, timeout=5)
+    assert reply["ok"], reply
+    endpoint = wait_until(lambda: session.dir.read_head_endpoint(worker.job_id), 90, 0.2, "the hosted head")
+    hosted = client.request("status", {}, timeout=5)["status"]["hosted_head"]
+    assert hosted["state"] == "READY" and hosted["address"] == endpoint.address
+    old_head = session.dir.read_ray_head()
+    t_switch = time.time()
+    session.dir.write_ray_head(worker.job_id)
+    state = wait_until(lambda: (s := one_state(session, worker.job_id)).get("state") == "JOINED"
+                       and s.get("head_job") == worker.job_id and s.get("node_id") != nodes["gpua-1"] and s,
+                       60, 0.2, "the host's own node to join its hosted head")
+    seen = driver(endpoint.address)
+    total = seen["total"]
+    assert total["CPU"] == 2 and total["GPU"] == 1, total          # the hosted head adds none
+    assert state["node_id"] in {n["NodeID"] for n in seen["nodes"]}
+    # The old head may go: this allocation now carries the run.
+    session.scheduler.cancel(old_head)
+    wait_until(lambda: session.query()[old_head].state.is_final, 60, 0.5, "the old head to end")
+    again = client.request("status", {}, timeout=5)["status"]
+    assert again["state"] == "JOINED" and again["node_id"] == state["node_id"]
+    assert again["hosted_head"]["state"] == "READY"
+    print(f"\nhosted head on {before['node']} ({endpoint.address}); the host's worker rejoined it "
+          f"{[t['at'] for t in state['transitions'] if t['to'] == 'JOINED'][-1] - t_switch:.1f} s after the "
+          f"pointer moved")

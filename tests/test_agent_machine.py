@@ -272,3 +272,16 @@ def test_draining_head_leaves_at_its_deadline():
 def test_settings_refuse_a_bad_role():
     with pytest.raises(ValueError, match="role"):
         Settings(role="boss")
+
+
+def test_head_asked_to_drain_before_it_is_ready_leaves_at_once():
+    # Nobody can follow a head that has not published its endpoint, so there
+    # is nothing to hand over: waiting for a pointer move would only keep
+    # the job (and its start-up) alive until the deadline.
+    ctx, _ = initial(H, 0, "7")
+    ctx, actions = step(ctx, DrainRequested(1, 500, "SIGTERM"))
+    assert ctx.state is State.LEFT
+    assert [type(a) for a in actions] == [StopRay, Exit] and actions[0].graceful and actions[1].code == 0
+    # A RayJoined that was already on its way changes nothing.
+    ctx2, actions = step(ctx, RayJoined(2, "n"))
+    assert ctx2 is ctx and actions == []

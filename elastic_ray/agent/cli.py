@@ -90,12 +90,15 @@ def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(as_json: bool) -> None:
+@click.option("--job", "job_id", default=None, help="Only the agents of this Slurm job.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also agents that exited more than an hour ago (hidden by default).")
+def status(as_json: bool, job_id: str | None, show_all: bool) -> None:
     """Every agent on this node: role, state, head, Ray node, ports, restarts, drain."""
-    from .status import collect, render_json, render_text
+    from .status import collect, render_json, render_text, select
 
-    views = collect()
-    click.echo(render_json(views) if as_json else render_text(views))
+    views, hidden = select(collect(), job=job_id, show_all=show_all)
+    click.echo(render_json(views) if as_json else render_text(views, hidden=hidden))
 
 
 def _setup_logging(log_file: Path) -> None:

@@ -16,7 +16,8 @@ Worker role::
                                                            +--Ray ended, head live--> RESTART_BACKOFF --delay--> STARTING
                                                                 (after MAX_RESTARTS more ends: GAVE_UP until another head)
 
-Head role: STARTING --ready--> JOINED --drain--> DRAINING --head moved or deadline--> LEFT;
+Head role: STARTING --ready--> JOINED --drain--> DRAINING --head moved or deadline--> LEFT
+(a drain while still STARTING leaves at once: nobody follows an unpublished head);
 Ray ending under a head is FAILED (a new head means a new GCS; the
 coordinator elects one, the agent does not restart it).
 """
@@ -202,7 +203,11 @@ def _step_head(ctx: Context, event: Event) -> tuple[Context, list[Action]]:
         return ctx.to(State.FAILED, event.now, f"head Ray stopped: {event.detail}"), [StopRay(False), Exit(1)]
     if isinstance(event, Tick) and s is State.STARTING and event.now - ctx.since > ctx.settings.start_timeout:
         return ctx.to(State.FAILED, event.now, "head did not become ready in time"), [StopRay(False), Exit(1)]
-    if isinstance(event, DrainRequested) and s in (State.STARTING, State.JOINED):
+    if isinstance(event, DrainRequested) and s is State.STARTING:
+        # Not published yet, so nobody follows it: nothing to hand over.
+        return ctx.to(State.LEFT, event.now, f"drain before the head was ready: {event.reason}"), \
+            [StopRay(True), Exit(0)]
+    if isinstance(event, DrainRequested) and s is State.JOINED:
         # A head hands over: it stays until the session has moved the head
         # elsewhere (the pointer changes) or its deadline comes.
         return ctx.to(State.DRAINING, event.now, f"draining: {event.reason}", drain_deadline=event.deadline), []

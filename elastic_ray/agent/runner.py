@@ -14,7 +14,9 @@ short-lived probe process (``agent.gcs``).
 
 from __future__ import annotations
 
+import collections
 import errno
+import glob
 import logging
 import os
 import queue
@@ -60,7 +62,7 @@ from .machine import (
 )
 from .ray_args import build_ray_start, choose_ports, slurm_cpus_on_node, slurm_memory_bytes, worker_gpus
 from .ray_node import RayNode
-from .status import REFRESH_SECONDS, status_path, write_status
+from .status import REFRESH_SECONDS, prune, status_path, write_status
 
 log = logging.getLogger("elastic_ray.agent")
 
@@ -71,6 +73,19 @@ WALLTIME_MARGIN = 15.0
 # Slurm kills everything after KillWait; stop well before that.
 ENDING_GRACE = 3.0
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+# How long a signal-triggered drain may wait for the scheduler to say why the
+# signal came (state and end time). Slurm kills the job KillWait seconds
+# after a cancel (default 30, 10 in the lab), so the answer is only useful if
+# it comes quickly; without one the drain gets ENDING_GRACE.
+SIGNAL_LOOKUP_TIMEOUT = 5.0
+# A node counts as joined once `ray start` printed that it started (it does
+# so only after the GCS listed the node) and the GCS names our node id. Until
+# the start-up line appears the agent does not probe the GCS: each probe is a
+# Python process importing Ray (about 1 s of CPU), which would compete with
+# `ray start` itself on a small node. A Ray that never prints the line (a
+# future version) is probed after this long anyway.
+PROBE_WITHOUT_STARTUP_LINE_AFTER = 20.0
+PROBE_INTERVAL = 0.5
 
 
 def drain_deadline_for_signal(now: float, job_state: JobState | None, end_time: float | None) -> float:
@@ -156,6 +171,14 @@ class Agent:
         self.hosted: _RayHandle | None = None
         self.hosted_state: dict[str, Any] | None = None
         self.generation = 0
+        # Guards ``generation``, ``ray`` and ``_nodes`` between the loop and
+        # the effects thread: a stop must cancel a start that is still in
+        # flight, or the node it launches would outlive its agent.
+        self._lock = threading.Lock()
+        self._nodes: list[RayNode] = []      # every node this agent started, for the final sweep
+        self._starts = 0                     # numbers the per-start temp dirs
+        self._stopping = False
+        self.transitions: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
         self._events: "queue.Queue[tuple[int | None, Event]]" = queue.Queue()
         self._work: "queue.Queue[Callable[[], None] | None]" = queue.Queue()
         self._signals: list[int] = []
@@ -163,6 +186,7 @@ class Agent:
         self._next_beat = 0.0
         self._next_pointer = 0.0
         self._next_status = 0.0
+        self._pointer_missing_logged = False
         self.zctx = zmq.Context.instance()
         self.control = ControlServer(self.secret, self.info.session_id, options.node_ip, context=self.zctx)
         self.publisher: HeartbeatPublisher | None = None
@@ -200,14 +224,24 @@ class Agent:
         worker.start()
         self.ctx, actions = initial(self.settings, time.time(), self.o.job_id)
         self._log("agent_started", control=self.control.endpoint, pid=os.getpid())
+        self._remove_stale_temp_dirs()
+        try:
+            prune()
+        except OSError as exc:
+            log.warning("event=status_prune_failed error=%s", exc)
         self._publish_status(force_session=True)
         self._act(actions)
         try:
             self._loop()
         finally:
-            self._shutdown()
+            # Cancel a start still in flight, let the queued stops run, then
+            # sweep: no Ray process this agent started may outlive it.
+            with self._lock:
+                self._stopping = True
+                self.generation += 1
             self._work.put(None)
-            worker.join(timeout=30)
+            worker.join(timeout=60)
+            self._shutdown()
         return self._exit_code if self._exit_code is not None else 0
 
     # ------------------------------------------------------------ loop
@@ -262,18 +296,31 @@ class Agent:
         before = self.ctx
         self.ctx, actions = step(self.ctx, event)
         if self.ctx.state is not before.state:
+            self.transitions.append({"at": round(self.ctx.since, 3), "from": before.state.value,
+                                     "to": self.ctx.state.value, "reason": self.ctx.reason})
             self._log("state_changed", previous=before.state.value, reason=self.ctx.reason)
-            self._publish_status(force_session=True)
+        # Act first: a StopRay detaches the node at once, so what is published
+        # for the new state no longer names the Ray processes being stopped.
         self._act(actions)
+        if self.ctx.state is not before.state:
+            self._publish_status(force_session=True)
 
     def _act(self, actions: list) -> None:
         for action in actions:
             if isinstance(action, StartRay):
-                self.generation += 1
-                gen = self.generation
+                with self._lock:
+                    self.generation += 1
+                    gen = self.generation
+                    old, self.ray = self.ray, None
+                if old is not None:  # the machine stops first; this only guards against a leak
+                    self._work.put(lambda h=old: self._stop_ray(h, False))
                 self._work.put(lambda a=action, g=gen: self._start_ray(a.head_address, g))
             elif isinstance(action, StopRay):
-                handle, self.ray = self.ray, None
+                # A new generation cancels a start still in flight: it stops
+                # the node it launched itself (see _start_ray).
+                with self._lock:
+                    self.generation += 1
+                    handle, self.ray = self.ray, None
                 if handle is not None:
                     self._work.put(lambda h=handle, g=action.graceful: self._stop_ray(h, g))
             elif isinstance(action, DrainRay):
@@ -292,6 +339,16 @@ class Agent:
             # A head only needs to know whether the session moved the head away.
             self.head.job = job
             return
+        if job is None and self.head.job is not None and self.head.seen(now, self.o.head_lost_after).live:
+            # Absent or unreadable (a damaged file, an NFS hiccup): keep the
+            # head we follow while its heartbeat lives. A head that is really
+            # gone falls silent within head_lost_after and is left then;
+            # dropping every worker on one bad read would cost the cluster.
+            if not self._pointer_missing_logged:
+                self._log("head_pointer_missing", keeping=self.head.job)
+                self._pointer_missing_logged = True
+            return
+        self._pointer_missing_logged = False
         if job != self.head.job:
             self._subscribe(None)
             self.head = _HeadWatch(job=job)
@@ -364,7 +421,10 @@ class Agent:
             signum = self._signals.pop(0)
             name = signal.Signals(signum).name
             self._log("signal", signal=name)
-            self._work.put(lambda n=name: self._drain_for_signal(n))
+            # Not on the effects thread: that may be busy starting Ray for
+            # many seconds, and Slurm's KillWait is running.
+            threading.Thread(target=self._drain_for_signal, args=(name,), name="agent-signal",
+                             daemon=True).start()
 
     def _post(self, generation: int | None, event: Event) -> None:
         self._events.put((generation, event))
@@ -383,7 +443,10 @@ class Agent:
     # ------------------------------------------------------------ control requests
     def _on_request(self, envelope: Any) -> dict[str, Any]:
         kind, body, now = envelope.kind, envelope.body, time.time()
-        self._log("request", kind=kind)
+        if kind == "status":
+            log.debug("event=request job=%s node=%s kind=status", self.o.job_id, self.o.node)
+        else:
+            self._log("request", kind=kind)
         if kind == "status":
             return {"ok": True, "status": self._status()}
         if kind == "drain":
@@ -410,63 +473,116 @@ class Agent:
             except Exception as exc:  # an effect must never kill the agent
                 log.exception("event=effect_failed job=%s node=%s error=%s", self.o.job_id, self.o.node, exc)
 
-    def _temp_dir(self, suffix: str) -> str:
+    def _temp_root(self) -> str:
         # Short on purpose: Ray puts Unix sockets under it (107-byte limit).
         # The session id keeps two runs whose job ids coincide (two local
         # clusters both start at job 1) apart on a shared /tmp.
-        return f"/tmp/er/{self.info.session_id[:8]}/{self.o.job_id}.{self.o.node_index}{suffix}"
+        return f"/tmp/er/{self.info.session_id[:8]}"
+
+    def _temp_dir(self, suffix: str) -> str:
+        """A fresh directory for every start of a Ray node.
+
+        Never reused: the agent finds its node id in the GCS by the raylet's
+        socket path under this directory, and right after a crash the GCS
+        still lists the dead incarnation ALIVE (until its health check fails,
+        about 15 s). A restart in the same directory was measured to "join"
+        in 0.5 s under the dead node's id; later drains then went to the dead
+        node while the live one kept running.
+        """
+        with self._lock:
+            self._starts += 1
+            number = self._starts
+        return f"{self._temp_root()}/{self.o.job_id}.{self.o.node_index}{suffix}{number}"
+
+    def _remove_stale_temp_dirs(self) -> None:
+        """Remove temp dirs an earlier agent of this job and node left behind
+        (killed before it could clean up, or a requeued job), unless a live
+        process still names them."""
+        mine = glob.glob(f"{self._temp_root()}/{self.o.job_id}.{self.o.node_index}[hw]*")
+        if not mine:
+            return
+        in_use: set[str] = set()
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                text = " ".join(proc.info["cmdline"] or ())
+            except (psutil.Error, TypeError):
+                continue
+            in_use.update(d for d in mine if d in text)
+        for directory in mine:
+            if directory not in in_use:
+                shutil.rmtree(directory, ignore_errors=True)
+                self._log("stale_temp_dir_removed", path=directory)
 
     def _start_ray(self, head_address: str | None, generation: int, *, hosted: bool = False) -> None:
         role = "head" if (self.o.role == "head" or hosted) else "worker"
+        with self._lock:
+            if not hosted and generation != self.generation:
+                return  # superseded before it began (a stop or another start came first)
+            if self._stopping:
+                return
         temp_dir = self._temp_dir("h" if role == "head" else "w")
         Path(temp_dir).mkdir(parents=True, exist_ok=True)
         ports = choose_ports(self.launcher.port_strategy, self.o.job_id, role, _free_port,
                              head_port=self.launcher.head_port)
+        labels = {"slurm.job-id": self.o.job_id, "slurm.node": self.o.node}
+        memory = slurm_memory_bytes(os.environ)
         if role == "head":
             cmd = build_ray_start("head", job_id=self.o.job_id, node_ip=self.o.node_ip, temp_dir=temp_dir,
-                                  launcher=self.launcher, ports=ports)
+                                  launcher=self.launcher, ports=ports, memory_bytes=memory, labels=labels)
         else:
             alloc = self.allocation if isinstance(self.allocation, SlurmWorkerAllocationConfig) else None
             cmd = build_ray_start(
                 "worker", job_id=self.o.job_id, node_ip=self.o.node_ip, temp_dir=temp_dir, launcher=self.launcher,
                 ports=ports, allocation=alloc, head_address=head_address,
                 num_cpus=slurm_cpus_on_node(os.environ) or 1, num_gpus=worker_gpus(self.launcher, alloc),
-                memory_bytes=slurm_memory_bytes(os.environ),
-                labels={"slurm.job-id": self.o.job_id, "slurm.node": self.o.node})
+                memory_bytes=memory, labels=labels)
         log_path = self.session.log_dir / f"ray-{self.o.job_id}-{self.o.node}-{role}{'-hosted' if hosted else ''}.log"
         started = time.time()
         node = RayNode.start(cmd, log_path)
-        handle = _RayHandle(generation, node, temp_dir, head_address, dict(ports))
-        if hosted:
-            self.hosted = handle
-        elif generation == self.generation:
-            self.ray = handle
-        else:
-            node.kill()  # superseded while we were launching it
-            return
         address = head_address if role == "worker" else cmd.gcs_address
+        handle = _RayHandle(generation, node, temp_dir, address, dict(ports))
+        with self._lock:
+            self._nodes.append(node)
+            superseded = self._stopping or (not hosted and generation != self.generation)
+            if not superseded:
+                if hosted:
+                    self.hosted = handle
+                else:
+                    self.ray = handle
+        if superseded:
+            # A stop (or the agent's exit) came while we were launching it:
+            # nobody else holds this node, so it is ours to stop.
+            self._stop_ray(handle, graceful=False)
+            return
         deadline = started + self.o.start_timeout
         node_id = None
+        next_probe = 0.0
         while time.time() < deadline:
             if node.poll_exit() is not None:
                 break
-            if not hosted and generation != self.generation:
-                return
-            try:
-                # A head's own raylet registers like any node, so both roles
-                # learn their node id the same way once the GCS lists it.
-                node_id = gcs.own_node_id(address, temp_dir, timeout=15)
-            except gcs.ProbeError as exc:
-                self._log("probe_failed", error=str(exc)[:200])
-            if node_id:
-                break
-            time.sleep(0.2)
+            with self._lock:
+                if self._stopping or (not hosted and generation != self.generation):
+                    return  # the stop that superseded us holds the handle and stops the node
+            now = time.time()
+            ready = node.startup_finished() or now - started > PROBE_WITHOUT_STARTUP_LINE_AFTER
+            if ready and now >= next_probe:
+                next_probe = now + PROBE_INTERVAL
+                try:
+                    # A head's own raylet registers like any node, so both roles
+                    # learn their node id the same way once the GCS lists it.
+                    node_id = gcs.own_node_id(address, temp_dir, timeout=10)
+                except gcs.ProbeError as exc:
+                    self._log("probe_failed", error=str(exc)[:200])
+                if node_id:
+                    break
+            time.sleep(0.1)
         handle.raylet = _find_proc(node.raylet_pid())
         if hosted:
             self._hosted_ready(handle, node_id, address)
             return
         if node_id:
-            self._log("ray_joined", node_id=node_id, seconds=f"{time.time() - started:.2f}")
+            self._log("ray_joined", node_id=node_id, seconds=f"{time.time() - started:.2f}",
+                      raylet_pid=handle.raylet.pid if handle.raylet else "-")
             self._post(generation, RayJoined(time.time(), node_id))
         else:
             rc = node.poll_exit()
@@ -499,6 +615,8 @@ class Agent:
             from ..scheduler.factory import make_scheduler
 
             sched = make_scheduler(self.info.scheduler["kind"], state_dir=self.info.scheduler.get("state_dir"))
+            if hasattr(sched, "timeout"):
+                sched.timeout = SIGNAL_LOOKUP_TIMEOUT  # type: ignore[attr-defined]
             info = sched.query(self.info.job_name, [self.o.job_id]).get(self.o.job_id)
             if info is not None:
                 state, end = info.state, info.end_time
@@ -506,7 +624,8 @@ class Agent:
             self._log("end_time_unknown", error=str(exc)[:200])
         deadline = drain_deadline_for_signal(now, state, end)
         self._log("signal_drain", signal=signal_name, job_state=state.value if state else "-",
-                  deadline_in=f"{deadline - now:.1f}s")
+                  end_in=f"{end - now:.1f}s" if end is not None else "-", deadline_in=f"{deadline - now:.1f}s",
+                  lookup=f"{time.time() - now:.2f}s")
         self._post(None, DrainRequested(time.time(), deadline, f"{signal_name} (job {state.value if state else '?'})"))
 
     # ------------------------------------------------------------ head publishing
@@ -573,15 +692,25 @@ class Agent:
     def _status(self) -> dict[str, Any]:
         c = self.ctx
         handle = self.ray
+        raylet = handle.raylet if handle is not None else None
         return {
             "session": str(self.session.path), "job_id": self.o.job_id, "node": self.o.node,
-            "node_ip": self.o.node_ip, "role": self.o.role, "state": c.state.value, "reason": c.reason,
+            "node_ip": self.o.node_ip, "node_index": self.o.node_index, "role": self.o.role,
+            "state": c.state.value, "reason": c.reason, "since": c.since,
             "head_job": c.head_job, "head_address": c.head_address, "node_id": c.node_id,
-            "ports": dict(handle.ports) if handle else {}, "restarts": c.restarts, "failures": c.failures,
-            "next_retry_at": c.next_retry_at, "drain_deadline": c.drain_deadline,
-            "no_head_since": c.no_head_since, "started_at": self.started_at, "updated_at": time.time(),
+            "ports": dict(handle.ports) if handle else {},
+            "ray_pid": handle.node.pid if handle else None, "raylet_pid": raylet.pid if raylet else None,
+            "temp_dir": handle.temp_dir if handle else None,
+            "ray_address": handle.address if handle else None,
+            "restarts": c.restarts, "failures": c.failures, "max_restarts": c.settings.max_restarts,
+            "next_retry_at": c.next_retry_at, "gave_up_on": c.gave_up_on, "drain_deadline": c.drain_deadline,
+            "no_head_since": c.no_head_since, "rejoin_timeout": c.settings.rejoin_timeout,
+            "started_at": self.started_at, "updated_at": time.time(),
             "pid": os.getpid(), "pid_create_time": self.pid_create_time, "control": self.control.endpoint,
+            "requests": {"accepted": self.control.accepted, "rejected": sum(self.control.rejected.values()),
+                         "rejected_by_reason": dict(self.control.rejected)},
             "hosted_head": self.hosted_state, "history": list(c.history[-5:]),
+            "transitions": list(self.transitions)[-20:],
             "exited": self._exit_code is not None, "exit_code": self._exit_code,
         }
 
@@ -597,13 +726,26 @@ class Agent:
 
     # ------------------------------------------------------------ shutdown
     def _shutdown(self) -> None:
-        for handle in (self.ray, self.hosted):
-            if handle is not None:
-                try:
-                    handle.node.stop(grace=5.0)
-                except Exception as exc:
-                    log.warning("event=stop_failed job=%s error=%s", self.o.job_id, exc)
+        handles = [h for h in (self.ray, self.hosted) if h is not None]
         self.ray = self.hosted = None
+        for handle in handles:
+            try:
+                self._stop_ray(handle, graceful=True)
+            except Exception as exc:
+                log.warning("event=stop_failed job=%s error=%s", self.o.job_id, exc)
+        # Anything still running was started by us and missed by the stops
+        # above (an effect that did not finish in time): it goes too.
+        for node in self._nodes:
+            try:
+                if node.members():
+                    report = node.kill()
+                    self._log("leftover_ray_killed", pid=node.pid, killed=",".join(report.killed) or "-")
+            except Exception as exc:
+                log.warning("event=sweep_failed job=%s pid=%s error=%s", self.o.job_id, node.pid, exc)
+        try:
+            os.rmdir(self._temp_root())     # only if no other job of the session still uses it
+        except OSError:
+            pass
         self._log("agent_exit", code=self._exit_code)
         self._publish_status(force_session=True)
         self._subscribe(None)

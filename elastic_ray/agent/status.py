@@ -25,6 +25,10 @@ from ..protocol.atomic import atomic_write_json, read_json
 # with an older file means the agent is stuck.
 REFRESH_SECONDS = 5.0
 HUNG_AFTER_SECONDS = 30.0
+# `status` hides agents that exited longer ago than this (--all shows them).
+RECENT_EXIT_SECONDS = 3600.0
+# Agents delete status files of agents that ended longer ago than this.
+PRUNE_AFTER_SECONDS = 7 * 86400.0
 
 
 def runtime_dir() -> Path:
@@ -108,37 +112,137 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def render_text(views: list[AgentView], now: float | None = None) -> str:
+def _clock(when: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(when))
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _when(at: float | None, now: float) -> str:
+    """``in 3m (12:40:05)`` or ``12s ago (12:36:53)``."""
+    if at is None:
+        return "-"
+    if at >= now:
+        return f"in {_age(at - now)} ({_clock(at)})"
+    return f"{_age(now - at)} ago ({_clock(at)})"
+
+
+def select(views: list[AgentView], *, job: str | None = None, show_all: bool = False,
+           now: float | None = None) -> tuple[list[AgentView], int]:
+    """Pure: the views ``status`` shows, and how many exited ones it hides.
+
+    Status files stay after an agent exits (so a node still tells what its
+    last agents did), which makes a busy node's list long: by default agents
+    that exited more than :data:`RECENT_EXIT_SECONDS` ago are left out.
+    """
+    now = time.time() if now is None else now
+    shown, hidden = [], 0
+    for view in views:
+        if job is not None and str(view.status.get("job_id")) != job:
+            continue
+        updated = _number(view.status.get("updated_at"))
+        if (not show_all and view.liveness == "exited" and updated is not None
+                and now - updated > RECENT_EXIT_SECONDS):
+            hidden += 1
+            continue
+        shown.append(view)
+    return shown, hidden
+
+
+def render_text(views: list[AgentView], now: float | None = None, hidden: int = 0) -> str:
     """Human-readable report: one block per agent."""
     now = time.time() if now is None else now
     if not views:
-        return f"no elastic-agent has run on this node (no status files in {runtime_dir()})"
+        text = f"no elastic-agent has run on this node (no status files in {runtime_dir()})"
+        if hidden:
+            text = f"no agent to show ({hidden} that exited earlier are hidden; --all shows them)"
+        return text
     lines = []
     for view in views:
         s = view.status
         if "error" in s:
             lines.append(f"{view.path.name}: {s['error']}")
             continue
+        role = s.get("role")
         ports = s.get("ports") or {}
         port_text = " ".join(f"{k}={v}" for k, v in sorted(ports.items()) if v) or "-"
-        retry = s.get("next_retry_at")
-        drain = s.get("drain_deadline")
-        lines.append(
-            f"job {s.get('job_id')} node {s.get('node')} role {s.get('role')}  [{view.liveness}]\n"
-            f"  state      {s.get('state')} ({s.get('reason', '')})\n"
-            f"  head job   {s.get('head_job') or '-'} at {s.get('head_address') or '-'}\n"
-            f"  ray node   {s.get('node_id') or '-'}\n"
-            f"  ports      {port_text}\n"
-            f"  restarts   {s.get('restarts', 0)} (failures under this head: {s.get('failures', 0)})"
-            + (f", next retry in {_age(retry - now)}" if isinstance(retry, (int, float)) else "") + "\n"
-            f"  drain      " + (f"deadline in {_age(drain - now)}" if isinstance(drain, (int, float)) else "-") + "\n"
-            f"  uptime     {_age(now - s['started_at']) if isinstance(s.get('started_at'), (int, float)) else '-'}"
-            f", pid {s.get('pid')}, updated {_age(now - s['updated_at']) if isinstance(s.get('updated_at'), (int, float)) else '-'} ago\n"
-            f"  session    {s.get('session')}"
-            + (f"\n  hosted head {s.get('hosted_head')}" if s.get("hosted_head") else "")
-        )
+        since = _number(s.get("since"))
+        state = f"{s.get('state')}" + (f" for {_age(now - since)}" if since is not None else "")
+        if role == "head":
+            head = f"{s.get('head_job') or '-'} (this agent's own job) at {s.get('ray_address') or '-'}"
+        else:
+            head = f"{s.get('head_job') or '-'} at {s.get('head_address') or '-'}"
+        ray = s.get("node_id") or "-"
+        pids = [f"{name} pid {s[key]}" for name, key in (("ray start", "ray_pid"), ("raylet", "raylet_pid"))
+                if s.get(key)]
+        if pids:
+            ray += f" ({', '.join(pids)})"
+        restarts = f"{s.get('restarts', 0)} (failures under this head: {s.get('failures', 0)}"
+        if s.get("max_restarts") is not None:
+            restarts += f" of {s.get('max_restarts')} allowed"
+        restarts += ")"
+        retry = _number(s.get("next_retry_at"))
+        if retry is not None:
+            restarts += f", next start {_when(retry, now)}"
+        if s.get("gave_up_on"):
+            restarts += f"; gave up on head {s.get('gave_up_on')}"
+        drain = _number(s.get("drain_deadline"))
+        no_head = _number(s.get("no_head_since"))
+        started, updated = _number(s.get("started_at")), _number(s.get("updated_at"))
+        block = [
+            f"job {s.get('job_id')} node {s.get('node')} role {role}  [{view.liveness}]",
+            f"  state      {state} ({s.get('reason', '')})",
+            f"  head job   {head}",
+            f"  ray node   {ray}",
+            f"  ports      {port_text}; agent {s.get('control') or '-'}",
+            f"  restarts   {restarts}",
+            f"  drain      " + (f"deadline {_when(drain, now)}" if drain is not None else "-"),
+        ]
+        if no_head is not None and s.get("state") in ("WAITING_FOR_HEAD", "GAVE_UP"):
+            rejoin = _number(s.get("rejoin_timeout"))
+            block.append(f"  no head    since {_when(no_head, now)}"
+                         + (f"; releases the allocation {_when(no_head + rejoin, now)}" if rejoin else ""))
+        block.append(f"  uptime     {_age(now - started) if started is not None else '-'}, pid {s.get('pid')}, "
+                     f"updated {_age(now - updated) if updated is not None else '-'} ago"
+                     + (f", exit code {s.get('exit_code')}" if s.get("exited") else ""))
+        recent = [t for t in s.get("transitions") or [] if isinstance(t, dict)][-4:]
+        for index, t in enumerate(recent):
+            at = _number(t.get("at"))
+            block.append(f"  {'recent' if index == 0 else '':<10} {_clock(at) if at is not None else '?'} "
+                         f"{t.get('from')}->{t.get('to')}: {t.get('reason')}")
+        requests = s.get("requests")
+        if isinstance(requests, dict) and requests.get("rejected"):
+            block.append(f"  requests   {requests.get('accepted', 0)} accepted, {requests.get('rejected')} rejected "
+                         f"{requests.get('rejected_by_reason') or ''}")
+        if s.get("hosted_head"):
+            block.append(f"  hosted head {s.get('hosted_head')}")
+        block.append(f"  session    {s.get('session')}")
+        lines.append("\n".join(block))
+    if hidden:
+        lines.append(f"({hidden} agents that exited more than {_age(RECENT_EXIT_SECONDS)} ago are hidden; "
+                     "--all shows them)")
     return "\n".join(lines)
 
 
 def render_json(views: list[AgentView]) -> str:
     return json.dumps([v.to_dict() for v in views], indent=2, sort_keys=True)
+
+
+def prune(directory: Path | None = None, now: float | None = None, max_age: float = PRUNE_AFTER_SECONDS) -> int:
+    """Delete the files of agents that exited more than ``max_age`` ago
+    (called by every agent at start, so a node's list does not grow forever);
+    returns how many went."""
+    directory = directory or runtime_dir()
+    now = time.time() if now is None else now
+    removed = 0
+    for view in collect(directory, now):
+        updated = _number(view.status.get("updated_at"))
+        if view.liveness in ("exited", "dead") and updated is not None and now - updated > max_age:
+            try:
+                view.path.unlink()
+                removed += 1
+            except OSError:
+                pass
+    return removed

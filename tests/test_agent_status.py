@@ -1,0 +1,82 @@
+"""`elastic-agent status`: which agents it shows and what it says about them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from elastic_ray.agent import status as st
+from elastic_ray.agent.cli import main
+
+NOW = 1_800_000_000.0
+
+
+def record(job: str, state: str, *, exited: bool = False, updated: float = NOW - 1, **extra) -> dict:
+    return {"job_id": job, "node": "gpua-1", "role": extra.pop("role", "worker"), "state": state,
+            "reason": extra.pop("reason", "why"), "pid": os.getpid(), "pid_create_time": None,
+            "started_at": NOW - 100, "updated_at": updated, "exited": exited, "session": "/s", **extra}
+
+
+def write(directory: Path, data: dict) -> Path:
+    path = directory / f"{data['job_id']}.gpua-1.{data['pid']}.json"
+    st.write_status(path, data)
+    return path
+
+
+def test_exited_agents_are_hidden_after_an_hour_unless_asked(tmp_path):
+    write(tmp_path, record("1", "LEFT", exited=True, updated=NOW - 2 * 3600))
+    write(tmp_path, record("2", "LEFT", exited=True, updated=NOW - 60))
+    write(tmp_path, record("3", "JOINED"))
+    views = st.collect(tmp_path, NOW)
+    shown, hidden = st.select(views, now=NOW)
+    assert [v.status["job_id"] for v in shown] == ["2", "3"] and hidden == 1
+    shown, hidden = st.select(views, now=NOW, show_all=True)
+    assert len(shown) == 3 and hidden == 0
+    shown, _ = st.select(views, now=NOW, job="3")
+    assert [v.status["job_id"] for v in shown] == ["3"]
+    text = st.render_text(*st.select(views, now=NOW)[:1], now=NOW, hidden=1)
+    assert "1 agents that exited more than 60m ago are hidden" in text
+
+
+def test_text_names_the_state_its_age_the_pids_and_the_recent_steps(tmp_path):
+    write(tmp_path, record(
+        "7", "GAVE_UP", reason="Ray ended 4 times under head 5 (the raylet ended); staying out until another head",
+        since=NOW - 30, head_job="5", head_address="10.0.0.1:6379", failures=4, max_restarts=3, restarts=3,
+        gave_up_on="5", ray_pid=None, raylet_pid=None, control="tcp://10.0.0.3:4000",
+        transitions=[{"at": NOW - 40, "from": "JOINED", "to": "RESTART_BACKOFF", "reason": "restart in 8s"},
+                     {"at": NOW - 32, "from": "RESTART_BACKOFF", "to": "STARTING", "reason": "restart 3 of 3"},
+                     {"at": NOW - 30, "from": "JOINED", "to": "GAVE_UP", "reason": "staying out"}]))
+    text = st.render_text(st.collect(tmp_path, NOW), now=NOW)
+    assert "[running]" in text
+    assert "state      GAVE_UP for 30s (Ray ended 4 times" in text
+    assert "failures under this head: 4 of 3 allowed" in text and "gave up on head 5" in text
+    assert "JOINED->GAVE_UP: staying out" in text and "agent tcp://10.0.0.3:4000" in text
+
+
+def test_drain_deadline_and_release_time_read_as_clock_times(tmp_path):
+    write(tmp_path, record("8", "DRAINING", drain_deadline=NOW + 300))
+    write(tmp_path, record("9", "WAITING_FOR_HEAD", no_head_since=NOW - 5, rejoin_timeout=600.0))
+    text = st.render_text(st.collect(tmp_path, NOW), now=NOW)
+    assert "deadline in 5m (" in text
+    assert "no head    since 5s ago" in text and "releases the allocation in 10m" in text
+
+
+def test_prune_removes_only_long_exited_agents(tmp_path):
+    old = write(tmp_path, record("1", "LEFT", exited=True, updated=NOW - 8 * 86400))
+    recent = write(tmp_path, record("2", "LEFT", exited=True, updated=NOW - 86400))
+    running = write(tmp_path, record("3", "JOINED", updated=NOW - 8 * 86400))   # alive but stale: kept
+    assert st.prune(tmp_path, NOW) == 1
+    assert not old.exists() and recent.exists() and running.exists()
+
+
+def test_cli_filters_by_job_and_prints_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_AGENT_RUNTIME_DIR", str(tmp_path))
+    write(tmp_path, record("3", "JOINED", updated=os.path.getmtime(tmp_path)))
+    write(tmp_path, record("4", "JOINED", updated=os.path.getmtime(tmp_path)))
+    out = CliRunner().invoke(main, ["status", "--json", "--job", "4"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert [d["job_id"] for d in data] == ["4"] and data[0]["liveness"] == "running"
