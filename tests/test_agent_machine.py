@@ -285,3 +285,24 @@ def test_head_asked_to_drain_before_it_is_ready_leaves_at_once():
     # A RayJoined that was already on its way changes nothing.
     ctx2, actions = step(ctx, RayJoined(2, "n"))
     assert ctx2 is ctx and actions == []
+
+
+def test_a_replaced_head_leaves_even_without_a_drain():
+    ctx, _ = initial(H, 0, "7")
+    ctx, _ = step(ctx, RayJoined(1, "h"))
+    ctx, actions = step(ctx, HeadSeen(2, "7", "a:1", True))
+    assert ctx.state is State.JOINED and actions == []
+    ctx, actions = step(ctx, HeadSeen(3, None, None, False))   # an unreadable pointer is not a move
+    assert ctx.state is State.JOINED
+    ctx, actions = step(ctx, HeadSeen(4, "9", "b:1", True))
+    assert ctx.state is State.LEFT and actions == [StopRay(True), Exit(0)]
+
+
+def test_a_successor_head_does_not_leave_before_it_was_ever_the_head():
+    ctx, _ = initial(H, 0, "9")
+    ctx, _ = step(ctx, RayJoined(1, "h"))
+    ctx, actions = step(ctx, HeadSeen(2, "7", "a:1", True))   # the old head is still current
+    assert ctx.state is State.JOINED and actions == []
+    ctx, _ = step(ctx, HeadSeen(3, "9", "b:1", True))          # the session switched to us
+    ctx, actions = step(ctx, HeadSeen(4, "11", "c:1", True))   # and later away from us
+    assert ctx.state is State.LEFT

@@ -235,3 +235,27 @@ def test_head_drain_hands_over_and_drivers_see_step_drained(tmp_path, monkeypatc
         s.teardown()
         wait_until(lambda: all(i.state.is_final for i in s.query().values()), timeout=60,
                    message="session jobs did not end after teardown")
+
+
+def test_without_workers_replace_head_submits_a_new_head_allocation(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
+    s = Session.create(tmp_path / "session", scheduler="local", supervise=False,
+                       head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="1G"),
+                       launcher=RayLauncher(object_store_memory=100_000_000))
+    try:
+        s.wait_for_head(timeout=90)
+        old = s.replace_head(timeout=30)
+        s.scheduler.cancel(old.job_id)
+        wait_until(lambda: s.query([old.job_id])[old.job_id].state.is_final, timeout=30,
+                   message="the old head did not end")
+        new = s.replace_head(timeout=120)
+        assert new.job_id != old.job_id and new.address != old.address
+        rec = s.record()
+        assert rec.head_job == new.job_id and old.job_id in rec.predecessors and rec.successor is None
+        # The new head keeps serving: it must not mistake the old pointer for a move.
+        time.sleep(3)
+        assert s.replace_head(timeout=10).job_id == new.job_id
+    finally:
+        s.teardown()
+        wait_until(lambda: all(i.state.is_final for i in s.query().values()), timeout=60,
+                   message="session jobs did not end after teardown")

@@ -163,6 +163,7 @@ class Context:
     no_head_since: float | None = None
     gave_up_on: str | None = None             # head job under which the node gave up
     history: tuple[str, ...] = field(default=())
+    pointed_at: bool = False                  # head role: ray_head has named this head at least once
 
     def to(self, state: State, now: float, reason: str, **changes) -> "Context":
         entry = f"{self.state.value}->{state.value}: {reason}"
@@ -220,6 +221,16 @@ def _step_head(ctx: Context, event: Event) -> tuple[Context, list[Action]]:
         if moved or late:
             why = f"head moved to {event.head_job}" if moved else "drain deadline reached"
             return ctx.to(State.LEFT, event.now, why), [StopRay(True), Exit(0)]
+    if isinstance(event, HeadSeen) and event.head_job is not None and event.head_job == ctx.head_job \
+            and not ctx.pointed_at:
+        ctx = replace(ctx, pointed_at=True)
+    if s is State.JOINED and ctx.pointed_at and isinstance(event, HeadSeen) and event.head_job is not None \
+            and ctx.head_job is not None and event.head_job != ctx.head_job:
+        # (A successor head starts while the pointer still names the old head:
+        # only a head that was the session's head can have been replaced.)
+        # The session elected another head without this one draining first
+        # (its walltime was near, or it was judged lost): it serves nobody now.
+        return ctx.to(State.LEFT, event.now, f"replaced by head {event.head_job}"), [StopRay(True), Exit(0)]
     if isinstance(event, ShutdownRequested):
         return ctx.to(State.LEFT, event.now, f"shutdown: {event.reason}"), [StopRay(True), Exit(0)]
     return ctx, []

@@ -75,11 +75,12 @@ class HeadWatch:
                 return
             body = envelope.body
             if body.get("head_job") == self._job:
+                changed = (bool(body.get("ray_ok")), bool(body.get("draining"))) != (self._ok, self._draining)
                 self._last_beat = time.time()
                 self._ok = bool(body.get("ray_ok"))
                 self._draining = bool(body.get("draining"))
-                if until_first:
-                    return
+                if until_first or changed:
+                    return  # news: let the caller act on it now
             if time.time() >= deadline:
                 return
 
