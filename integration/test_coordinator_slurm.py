@@ -99,27 +99,9 @@ def test_add_wait_and_remove_worker_allocations(make_session):
     assert session.worker_allocations == []
 
 
-DRIVER = r'''
-import os, sys, time, ray
-path, total = sys.argv[1], int(sys.argv[2])
-ray.init(logging_level="ERROR", log_to_driver=False)
-done = set(open(path).read().split()) if os.path.exists(path) else set()
-
-@ray.remote(num_cpus=1, max_retries=3)
-def work(i):
-    time.sleep(0.25)
-    return i
-
-for i in range(total):
-    if str(i) in done:
-        continue
-    value = ray.get(work.remote(i))
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.write(fd, f"{value}\n".encode())
-    os.fsync(fd)
-    os.close(fd)
-print("driver finished", flush=True)
-'''
+# The payload shipped with the demo: it commits each unit to a file once Ray
+# computed it, and a relaunch skips what was committed.
+PAYLOAD = [sys.executable, "-m", "elastic_ray.demo_payload"]
 
 
 def committed(path: Path) -> list[int]:
@@ -133,11 +115,9 @@ def test_failover_loop_on_slurm(make_session):
     worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(
         partition="gpu-a", num_nodes=1, cpus_per_task=2, mem="1G", time_limit="20"))
     session.wait_for_worker_allocation(worker, timeout=180)
-    driver = session.path / "driver.py"
-    driver.write_text(DRIVER)
     commits = session.path / "commits.txt"
     total = 30
-    argv = [sys.executable, str(driver), str(commits), str(total)]
+    argv = PAYLOAD + [str(commits), str(total)]
 
     old_head = session.record().head_job
     run = session.run(argv)

@@ -19,42 +19,36 @@ from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
-# Commits each unit of work to a file after Ray computed it; a relaunch skips
-# committed units. A unit is committed by one append of one short line.
-DRIVER = r'''
-import os, sys, time, ray
-path, total = sys.argv[1], int(sys.argv[2])
-ray.init(logging_level="ERROR", log_to_driver=False)
-done = set(open(path).read().split()) if os.path.exists(path) else set()
-
-@ray.remote(num_cpus=1, max_retries=3)
-def work(i):
-    time.sleep(0.25)
-    return i
-
-for i in range(total):
-    if str(i) in done:
-        continue
-    value = ray.get(work.remote(i))
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.write(fd, f"{value}\n".encode())
-    os.fsync(fd)
-    os.close(fd)
-print("driver finished", flush=True)
-'''
+# The payload shipped with the demo commits each unit to a file once Ray
+# computed it; a relaunch skips what was committed.
+PAYLOAD = [sys.executable, "-m", "elastic_ray.demo_payload"]
+HEAD = SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G")
 
 
 @pytest.fixture
-def session(tmp_path, monkeypatch):
+def new_session(tmp_path, monkeypatch):
+    """Sessions on the local scheduler, torn down (all jobs ended) afterwards."""
     monkeypatch.setenv("ELASTIC_AGENT_BACKOFF_BASE", "1")
     monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
-    s = Session.create(tmp_path / "session", scheduler="local",
-                       head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"),
-                       launcher=RayLauncher(object_store_memory=100_000_000))
-    yield s
-    s.teardown()
-    wait_until(lambda: all(i.state.is_final for i in s.query().values()), timeout=60,
-               message="session jobs did not end after teardown")
+    made: list[Session] = []
+
+    def make(**kwargs) -> Session:
+        kwargs.setdefault("head", HEAD)
+        kwargs.setdefault("launcher", RayLauncher(object_store_memory=100_000_000))
+        kwargs.setdefault("supervise", False)
+        made.append(Session.create(tmp_path / f"session{len(made)}", scheduler="local", **kwargs))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.teardown()
+        wait_until(lambda: all(i.state.is_final for i in s.query().values()), timeout=60,
+                   message="session jobs did not end after teardown")
+
+
+@pytest.fixture
+def session(new_session):
+    return new_session(supervise=True)
 
 
 def committed(path: Path) -> list[int]:
@@ -66,11 +60,9 @@ def test_failover_loop_commits_every_unit_exactly_once(session, tmp_path):
     worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(
         partition="gpu-a", num_nodes=1, cpus_per_task=2, mem="2G", time_limit="30"))
     session.wait_for_worker_allocation(worker, timeout=90)
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
     commits = tmp_path / "commits.txt"
     total = 30
-    argv = [sys.executable, str(driver), str(commits), str(total)]
+    argv = PAYLOAD + [str(commits), str(total)]
 
     first_head = session.record().head_job
     run = session.run(argv)
@@ -120,142 +112,110 @@ print(json.dumps({"job": head.job_id, "address": head.address, "seconds": time.t
 '''
 
 
-def test_sixteen_processes_replace_head_at_once_elect_once(tmp_path, monkeypatch):
-    monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
-    s = Session.create(tmp_path / "session", scheduler="local", supervise=False,
-                       head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"),
-                       launcher=RayLauncher(object_store_memory=100_000_000))
-    try:
-        s.wait_for_head(timeout=90)
-        worker = s.add_worker_allocation(SlurmWorkerAllocationConfig(
-            partition="gpu-a", num_nodes=1, cpus_per_task=1, mem="1G", time_limit="30"))
-        s.wait_for_worker_allocation(worker, timeout=90)
-        old_head = s.record().head_job
-        s.scheduler.cancel(old_head)
-        script = tmp_path / "replace_head.py"
-        script.write_text(REPLACE_HEAD)
-        import json
-        import subprocess
-        procs = [subprocess.Popen([sys.executable, str(script), str(s.path)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(16)]
-        answers = []
-        for proc in procs:
-            out, err = proc.communicate(timeout=200)
-            assert proc.returncode == 0, err[-2000:]
-            answers.append(json.loads(out.strip().splitlines()[-1]))
-        assert len({(a["job"], a["address"]) for a in answers}) == 1, answers
-        rec = s.record()
-        assert rec.head_job == answers[0]["job"] == worker.job_id
-        # One election: the old head is the only predecessor, and no new head job was submitted.
-        assert rec.predecessors == (old_head,)
-        assert set(s.query()) == {old_head, worker.job_id}
-        print(f"\n16 x replace_head: {min(a['seconds'] for a in answers):.1f}-"
-              f"{max(a['seconds'] for a in answers):.1f}s")
-    finally:
-        s.teardown()
-        wait_until(lambda: all(i.state.is_final for i in s.query().values()), timeout=60,
-                   message="session jobs did not end after teardown")
+def test_sixteen_processes_replace_head_at_once_elect_once(new_session, tmp_path):
+    s = new_session()
+    s.wait_for_head(timeout=90)
+    worker = s.add_worker_allocation(SlurmWorkerAllocationConfig(
+        partition="gpu-a", num_nodes=1, cpus_per_task=1, mem="1G", time_limit="30"))
+    s.wait_for_worker_allocation(worker, timeout=90)
+    old_head = s.record().head_job
+    s.scheduler.cancel(old_head)
+    script = tmp_path / "replace_head.py"
+    script.write_text(REPLACE_HEAD)
+    import json
+    import subprocess
+    procs = [subprocess.Popen([sys.executable, str(script), str(s.path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(16)]
+    answers = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=200)
+        assert proc.returncode == 0, err[-2000:]
+        answers.append(json.loads(out.strip().splitlines()[-1]))
+    assert len({(a["job"], a["address"]) for a in answers}) == 1, answers
+    rec = s.record()
+    assert rec.head_job == answers[0]["job"] == worker.job_id
+    # One election: the old head is the only predecessor, and no new head job was submitted.
+    assert rec.predecessors == (old_head,)
+    assert set(s.query()) == {old_head, worker.job_id}
+    print(f"\n16 x replace_head: {min(a['seconds'] for a in answers):.1f}-"
+          f"{max(a['seconds'] for a in answers):.1f}s")
 
 
-def test_supervisor_notices_head_loss_and_keeps_a_worker(tmp_path, monkeypatch):
-    monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
+def test_supervisor_notices_head_loss_and_keeps_a_worker(new_session):
     worker_shape = SlurmWorkerAllocationConfig(partition="gpu-a", num_nodes=1, cpus_per_task=1, mem="1G",
                                                time_limit="30")
-    s = Session.create(tmp_path / "session", scheduler="local", supervise=True, supervise_interval=2.0,
-                       head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"),
-                       worker_allocation=worker_shape, launcher=RayLauncher(object_store_memory=100_000_000))
-    try:
-        s.wait_for_head(timeout=90)
-        first = s.worker_allocations[0]
-        s.wait_for_worker_allocation(first, timeout=90)
-        # Keep a worker: the only worker allocation ends; the session submits another.
-        s.scheduler.cancel(first.job_id)
-        wait_until(lambda: [w.job_id for w in s.worker_allocations if w.job_id != first.job_id],
-                   timeout=30, message="no worker allocation was submitted again")
-        second = next(w for w in s.worker_allocations if w.job_id != first.job_id)
-        s.wait_for_worker_allocation(second, timeout=90)
-        # Head loss with no caller: the supervisor notices from the heartbeat.
-        head = s.record().head_job
-        wait_until(lambda: s.observe_head().alive, timeout=30, message="head heartbeat not seen")
-        t0 = time.time()
-        s.scheduler.cancel(head)
-        # A cancelled head first drains (its heartbeat says so), then stops.
-        signs = ("head_draining", "head_lost")
-        wait_until(lambda: any(what in signs and at >= t0 for at, what in s.supervisor.noticed),
-                   timeout=30, message="the supervisor did not notice the lost head")
-        noticed = next(at for at, what in s.supervisor.noticed if what in signs and at >= t0)
-        wait_until(lambda: s.record().head_job != head and s.head is not None, timeout=120,
-                   message="the supervisor did not elect a new head")
-        print(f"\nhead cancelled -> supervisor noticed {noticed - t0:.1f}s; new head {s.record().head_job}")
-    finally:
-        s.teardown()
-        wait_until(lambda: all(i.state.is_final for i in s.query().values()), timeout=60,
-                   message="session jobs did not end after teardown")
+    s = new_session(supervise=True, supervise_interval=2.0, worker_allocation=worker_shape)
+    s.wait_for_head(timeout=90)
+    first = s.worker_allocations[0]
+    s.wait_for_worker_allocation(first, timeout=90)
+    # Keep a worker: the only worker allocation ends; the session submits another.
+    s.scheduler.cancel(first.job_id)
+    wait_until(lambda: [w.job_id for w in s.worker_allocations if w.job_id != first.job_id],
+               timeout=30, message="no worker allocation was submitted again")
+    second = next(w for w in s.worker_allocations if w.job_id != first.job_id)
+    s.wait_for_worker_allocation(second, timeout=90)
+    # Head loss with no caller: the supervisor notices from the heartbeat.
+    head = s.record().head_job
+    wait_until(lambda: s.observe_head().alive, timeout=30, message="head heartbeat not seen")
+    t0 = time.time()
+    s.scheduler.cancel(head)
+    # A cancelled head first drains (its heartbeat says so), then stops.
+    signs = ("head_draining", "head_lost")
+    wait_until(lambda: any(what in signs and at >= t0 for at, what in s.supervisor.noticed),
+               timeout=30, message="the supervisor did not notice the lost head")
+    noticed = next(at for at, what in s.supervisor.noticed if what in signs and at >= t0)
+    wait_until(lambda: s.record().head_job != head and s.head is not None, timeout=120,
+               message="the supervisor did not elect a new head")
+    print(f"\nhead cancelled -> supervisor noticed {noticed - t0:.1f}s; new head {s.record().head_job}")
 
 
-def test_head_drain_hands_over_and_drivers_see_step_drained(tmp_path, monkeypatch):
+def test_head_drain_hands_over_and_drivers_see_step_drained(new_session):
     from elastic_ray import AllocationFailed, SlurmStepDrained
 
-    monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
-    s = Session.create(tmp_path / "session", scheduler="local", supervise=False,
-                       head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"),
-                       launcher=RayLauncher(object_store_memory=100_000_000))
-    try:
-        s.wait_for_head(timeout=90)
-        worker = s.add_worker_allocation(SlurmWorkerAllocationConfig(
-            partition="gpu-a", num_nodes=1, gpus_per_node=2, cpus_per_task=1, mem="1G", time_limit="30"))
-        s.wait_for_worker_allocation(worker, timeout=90)
+    s = new_session()
+    s.wait_for_head(timeout=90)
+    worker = s.add_worker_allocation(SlurmWorkerAllocationConfig(
+        partition="gpu-a", num_nodes=1, gpus_per_node=2, cpus_per_task=1, mem="1G", time_limit="30"))
+    s.wait_for_worker_allocation(worker, timeout=90)
 
-        # Waiting on an allocation that cannot start yet: TimeoutError naming the job.
-        big = s.add_worker_allocation(SlurmWorkerAllocationConfig(
-            partition="gpu-a", num_nodes=1, gpus_per_node=4, cpus_per_task=1, mem="1G", time_limit="30"))
-        with pytest.raises(TimeoutError, match=f"worker allocation {big.job_id} not joined"):
-            s.wait_for_worker_allocation(big, timeout=2)
-        # ... and a clear error once it ended without joining.
-        s.scheduler.cancel(big.job_id)
-        with pytest.raises(AllocationFailed) as failed:
-            s.wait_for_worker_allocation(big, timeout=30)
-        assert failed.value.state == "CANCELLED" and failed.value.job_id == big.job_id
+    # Waiting on an allocation that cannot start yet: TimeoutError naming the job.
+    big = s.add_worker_allocation(SlurmWorkerAllocationConfig(
+        partition="gpu-a", num_nodes=1, gpus_per_node=4, cpus_per_task=1, mem="1G", time_limit="30"))
+    with pytest.raises(TimeoutError, match=f"worker allocation {big.job_id} not joined"):
+        s.wait_for_worker_allocation(big, timeout=2)
+    # ... and a clear error once it ended without joining.
+    s.scheduler.cancel(big.job_id)
+    with pytest.raises(AllocationFailed) as failed:
+        s.wait_for_worker_allocation(big, timeout=30)
+    assert failed.value.state == "CANCELLED" and failed.value.job_id == big.job_id
 
-        # request_drain() on a healthy head: its drivers get SIGTERM, the next
-        # head is elected, and the old head stays until the head has moved.
-        old = s.replace_head(timeout=30)
-        run = s.run([sys.executable, "-c", "import signal, sys, time\n"
-                     "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\ntime.sleep(120)"])
-        assert old.request_drain(drain_timeout=120) == 1
-        with pytest.raises(SlurmStepDrained):
-            run.wait(timeout=30)
-        assert s.query([old.job_id])[old.job_id].state.value == "RUNNING", "the draining head stays"
-        new = s.replace_head(timeout=120)
-        assert new.job_id == worker.job_id != old.job_id
-        wait_until(lambda: s.query([old.job_id])[old.job_id].state.is_final, timeout=60,
-                   message="the old head did not leave after the head moved")
-        assert s.query([old.job_id])[old.job_id].state.value == "COMPLETED"
-    finally:
-        s.teardown()
-        wait_until(lambda: all(i.state.is_final for i in s.query().values()), timeout=60,
-                   message="session jobs did not end after teardown")
+    # request_drain() on a healthy head: its drivers get SIGTERM, the next
+    # head is elected, and the old head stays until the head has moved.
+    old = s.replace_head(timeout=30)
+    run = s.run([sys.executable, "-c", "import signal, sys, time\n"
+                 "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\ntime.sleep(120)"])
+    assert old.request_drain(drain_timeout=120) == 1
+    with pytest.raises(SlurmStepDrained):
+        run.wait(timeout=30)
+    assert s.query([old.job_id])[old.job_id].state.value == "RUNNING", "the draining head stays"
+    new = s.replace_head(timeout=120)
+    assert new.job_id == worker.job_id != old.job_id
+    wait_until(lambda: s.query([old.job_id])[old.job_id].state.is_final, timeout=60,
+               message="the old head did not leave after the head moved")
+    assert s.query([old.job_id])[old.job_id].state.value == "COMPLETED"
 
 
-def test_without_workers_replace_head_submits_a_new_head_allocation(tmp_path, monkeypatch):
-    monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
-    s = Session.create(tmp_path / "session", scheduler="local", supervise=False,
-                       head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="1G"),
-                       launcher=RayLauncher(object_store_memory=100_000_000))
-    try:
-        s.wait_for_head(timeout=90)
-        old = s.replace_head(timeout=30)
-        s.scheduler.cancel(old.job_id)
-        wait_until(lambda: s.query([old.job_id])[old.job_id].state.is_final, timeout=30,
-                   message="the old head did not end")
-        new = s.replace_head(timeout=120)
-        assert new.job_id != old.job_id and new.address != old.address
-        rec = s.record()
-        assert rec.head_job == new.job_id and old.job_id in rec.predecessors and rec.successor is None
-        # The new head keeps serving: it must not mistake the old pointer for a move.
-        time.sleep(3)
-        assert s.replace_head(timeout=10).job_id == new.job_id
-    finally:
-        s.teardown()
-        wait_until(lambda: all(i.state.is_final for i in s.query().values()), timeout=60,
-                   message="session jobs did not end after teardown")
+def test_without_workers_replace_head_submits_a_new_head_allocation(new_session):
+    s = new_session(head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="1G"))
+    s.wait_for_head(timeout=90)
+    old = s.replace_head(timeout=30)
+    s.scheduler.cancel(old.job_id)
+    wait_until(lambda: s.query([old.job_id])[old.job_id].state.is_final, timeout=30,
+               message="the old head did not end")
+    new = s.replace_head(timeout=120)
+    assert new.job_id != old.job_id and new.address != old.address
+    rec = s.record()
+    assert rec.head_job == new.job_id and old.job_id in rec.predecessors and rec.successor is None
+    # The new head keeps serving: it must not mistake the old pointer for a move.
+    time.sleep(3)
+    assert s.replace_head(timeout=10).job_id == new.job_id
