@@ -353,6 +353,11 @@ class Agent:
             self._subscribe(None)
             self.head = _HeadWatch(job=job)
             self._log("head_pointer", head_job=job)
+        if (self.head.job == self.o.job_id and self.head.last_beat is None and self.hosted_state
+                and self.hosted_state.get("state") == "READY"):
+            # We host this head ourselves: no need to wait for our own heartbeat
+            # to come back through the subscription before joining it.
+            self.head.last_beat, self.head.beat_ok = now, True
         if self.head.job is not None and self.head.endpoint is None:
             endpoint = self.session.read_head_endpoint(self.head.job)
             if endpoint is not None and "heartbeat" in endpoint.ports:
@@ -564,6 +569,16 @@ class Agent:
                 if self._stopping or (not hosted and generation != self.generation):
                     return  # the stop that superseded us holds the handle and stops the node
             now = time.time()
+            if hosted:
+                # A hosted head is ready for workers once its GCS accepts
+                # connections: a joining `ray start` needs nothing more, and
+                # publishing now overlaps the workers' own start-up with the
+                # rest of the head's.
+                if _port_open(address):
+                    node_id = "head"
+                    break
+                time.sleep(0.1)
+                continue
             ready = node.startup_finished() or now - started > PROBE_WITHOUT_STARTUP_LINE_AFTER
             if ready and now >= next_probe:
                 next_probe = now + PROBE_INTERVAL
@@ -670,7 +685,11 @@ class Agent:
         self.hosted_state = {"state": "STARTING", "at": time.time()}
         if self.publisher is None:
             self.publisher = HeartbeatPublisher(self.secret, self.info.session_id, self.o.node_ip, context=self.zctx)
-        self._work.put(lambda: self._start_ray(None, 0, hosted=True))
+        # Its own thread, not the effects queue: the node's worker Ray may need
+        # stopping and starting meanwhile (it follows the new head), and a
+        # slow head start must not hold that up.
+        threading.Thread(target=self._start_ray, args=(None, 0), kwargs={"hosted": True},
+                         name="agent-hosted-head", daemon=True).start()
         self._publish_status(force_session=True)
         return {"ok": True, "hosted_head": self.hosted_state}
 
@@ -753,6 +772,17 @@ class Agent:
         if self.publisher is not None:
             self.publisher.close()
         signal.set_wakeup_fd(-1)
+
+
+def _port_open(address: str | None, timeout: float = 0.5) -> bool:
+    if not address:
+        return False
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _proc_alive(proc: psutil.Process) -> bool:
