@@ -23,6 +23,7 @@ import zmq
 
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.agent import gcs
+from elastic_ray.coordinator import submit
 from elastic_ray.coordinator.session import Session
 from elastic_ray.launcher import RayLauncher
 from elastic_ray.protocol.channel import ControlClient
@@ -105,6 +106,7 @@ def shared(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("ELASTIC_AGENT_BACKOFF_BASE", "1")
     mp.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
+    mp.setenv("ELASTIC_AGENT_HEAD_LOST_AFTER", "1.5")
     session = Session.create(tmp_path_factory.mktemp("agent-local") / "s", scheduler="local",
                              head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"),
                              launcher=RayLauncher(object_store_memory=100_000_000), **NO_SUPERVISOR)
@@ -311,17 +313,52 @@ def test_an_unreadable_pointer_keeps_the_live_head(shared):
     assert "event=head_pointer_missing" in log
 
 
+# ---------------------------------------------------------------- a stalled head agent is not a lost head
+
+def test_a_stalled_head_agent_does_not_make_workers_leave(shared):
+    """The head's agent stops beating (here: SIGSTOP for 6 s, four times the
+    1.5 s head_lost_after) while its Ray serves on: the worker asks the GCS,
+    which answers, and keeps its node."""
+    session, worker = shared
+    before = one_state(session, worker.job_id)
+    head_job = session.dir.read_ray_head()
+    head_state = one_state(session, head_job)
+    agent = psutil.Process(head_state["pid"])
+    assert abs(agent.create_time() - head_state["pid_create_time"]) < 1
+    assert "elastic_ray.agent" in " ".join(agent.cmdline()) and str(session.path) in " ".join(agent.cmdline())
+    client = ControlClient(before["control"], session.dir.secret(), session.info.session_id)
+    agent.suspend()
+    try:
+        stalled = time.time()
+        while time.time() - stalled < 6:   # a window of observation, polled
+            state = client.request("status", {}, timeout=5)["status"]
+            assert state["state"] == "JOINED" and state["node_id"] == before["node_id"], state
+            time.sleep(0.3)
+    finally:
+        agent.resume()
+    log = (session.dir.log_dir / f"agent-{worker.job_id}-{before['node']}.log").read_text()
+    assert "event=head_silent" in log and "gcs=answers" in log
+    wait_until(lambda: client.request("status", {}, timeout=5)["status"]["state"] == "JOINED", 10, 0.3,
+               "the worker still joined after the head agent resumed")
+
+
 # ---------------------------------------------------------------- a TERM while Ray is still starting
 
-@pytest.mark.parametrize("delay", [0.0, 2.0], ids=["at-once", "after-2s"])
-def test_term_while_starting_leaves_at_once_and_leaves_no_ray_behind(shared, delay):
+@pytest.mark.parametrize("when", ["at-once", "ray-launched"])
+def test_term_while_starting_leaves_at_once_and_leaves_no_ray_behind(shared, when):
+    """TERM as soon as the agent decided to start Ray, or once `ray start` runs
+    but its node has not registered yet: the agent leaves at once (nothing
+    to drain) and no Ray process of the job survives it."""
     session, _ = shared
     handle = session.add_worker_allocation(SlurmWorkerAllocationConfig(
         partition="cpu", num_nodes=1, gpus_per_node=0, cpus_per_task=1, mem="1G", time_limit="30"))
     state = wait_until(lambda: (s := one_state(session, handle.job_id)).get("state") == "STARTING" and s, 60, 0.05,
                        "the worker to start Ray")
-    if delay:
-        time.sleep(delay)  # deliberately into the middle of `ray start`
+    if when == "ray-launched":
+        client = ControlClient(state["control"], session.dir.secret(), session.info.session_id)
+        launched = wait_until(lambda: (s := client.request("status", {}, timeout=5)["status"]).get("ray_pid") and s,
+                              30, 0.02, "`ray start` to run")
+        assert launched["state"] == "STARTING", "joined before the test could signal"
     session.scheduler.signal(handle.job_id, "TERM")
     final = wait_until(lambda: (i := session.query().get(handle.job_id)) and i.state.is_final and i, 60, 0.2,
                        "the job to end")
@@ -331,7 +368,7 @@ def test_term_while_starting_leaves_at_once_and_leaves_no_ray_behind(shared, del
     fragment = f"/tmp/er/{session.info.session_id[:8]}/{handle.job_id}."
     wait_until(lambda: not processes_naming(fragment), 15, 0.2, f"no process under {fragment}")
     assert not list(Path(fragment.rsplit("/", 1)[0]).glob(f"{handle.job_id}.*"))
-    print(f"\nTERM {delay:.0f} s into STARTING: job {final.state.value}, agent {left['state']}; "
+    print(f"\nTERM {when}: job {final.state.value}, agent {left['state']}; "
           f"exited {left['updated_at'] - state['since']:.1f} s after the start began")
 
 
@@ -367,6 +404,28 @@ def test_a_worker_hosts_a_head_and_its_own_node_follows_it(session_factory):
     again = client.request("status", {}, timeout=5)["status"]
     assert again["state"] == "JOINED" and again["node_id"] == state["node_id"]
     assert again["hosted_head"]["state"] == "READY"
+    rejoined = [t["at"] for t in state["transitions"] if t["to"] == "JOINED"][-1] - t_switch
+
+    # The hosting allocation is drained: its worker node leaves, but the agent
+    # keeps the run's head until the session has another one.
+    t_drain = time.time()
+    assert worker.request_drain(drain_timeout=60, reason="test handover") == 1
+    leaving = wait_until(lambda: (s := client.request("status", {}, timeout=5)["status"])["state"] == "LEFT"
+                         and s, 30, 0.2, "the host's worker node to leave")
+    assert leaving["handover_deadline"] == pytest.approx(t_drain + 60, abs=2)
+    assert leaving["hosted_head"]["state"] == "READY" and not leaving["exited"]
+    assert session.query()[worker.job_id].state.value == "RUNNING"
+    spec = submit.head_spec(session.dir, session.job_name, session.head_config(), session.launcher)
+    successor = session.scheduler.submit(spec)
+    wait_until(lambda: session.dir.read_head_endpoint(successor), 90, 0.2, "the successor head")
+    t_moved = time.time()
+    session.dir.write_ray_head(successor)
+    final = wait_until(lambda: (i := session.query().get(worker.job_id)) and i.state.is_final and i, 30, 0.2,
+                       "the hosting allocation to end once the head moved")
+    assert final.state.value == "COMPLETED"
+    hosted_dir = f"/tmp/er/{session.info.session_id[:8]}/{worker.job_id}."
+    wait_until(lambda: not processes_naming(hosted_dir), 15, 0.2, "the hosted head's processes to be gone")
+    ended = one_state(session, worker.job_id)
     print(f"\nhosted head on {before['node']} ({endpoint.address}); the host's worker rejoined it "
-          f"{[t['at'] for t in state['transitions'] if t['to'] == 'JOINED'][-1] - t_switch:.1f} s after the "
-          f"pointer moved")
+          f"{rejoined:.1f} s after the pointer moved; drained, it kept the head until the pointer moved on "
+          f"and ended {ended['updated_at'] - t_moved:.1f} s after that ({final.state.value})")

@@ -187,6 +187,11 @@ def test_cluster_shape(cluster):
     ids = [gcs.own_node_id(cluster.address, w.command.temp_dir) for w in cluster.workers]
     assert ids == [r.node_id for r in cluster.worker_records]
     assert gcs.own_node_id(cluster.address, "/tmp/er-t/not-a-node") is None
+    # ... and, once `ray start` is through its start-up, without the GCS: the
+    # raylet logged the id it registered with.
+    for node, record in zip((*cluster.workers, cluster.head), (*cluster.worker_records, cluster.head_record)):
+        assert node.startup_finished() and node.logged_node_id() == record.node_id
+        assert node.registered_node_id() == record.node_id
     # A node's process tree: the raylet and the launcher are members; a worker runs no GCS.
     for node in cluster.workers:
         assert node.launcher_alive() and node.raylet_alive() and node.gcs_pid() is None

@@ -25,6 +25,7 @@ This module never imports Ray: the agent's own process stays small.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -47,6 +48,14 @@ _SCRUB_ENV = ("RAY_ADDRESS",)
 RAYLET = "raylet"
 GCS_SERVER = "gcs_server"
 STARTED_MARKER = b"Ray runtime started."
+# What the raylet writes to raylet.out (Ray 2.5x-2.60): the node id it chose,
+# early ("main.cc:NNN: Setting node ID node_id=<56 hex>"), and, in the
+# callback of its registration with the GCS, that it started
+# ("node_manager.cc:NNN: Raylet of id, <56 hex> started."). Measured: the
+# second line comes 0-2 ms after the GCS logged "Registering new node".
+_RAYLET_NODE_ID = re.compile(rb"Setting node ID node_id=([0-9a-f]{56})\b")
+_RAYLET_REGISTERED = re.compile(rb"Raylet of id, ([0-9a-f]{56}) started")
+_RAYLET_LOG_HEAD = 256 * 1024
 #: How long each non-raylet step of :meth:`RayNode.stop` waits after SIGTERM
 #: before SIGKILL. Measured: helpers 0.6-0.7 s, GCS 0.02 s (or hung > 4 s on
 #: a metrics flush), ``ray start`` 0.2-0.3 s once its children are gone.
@@ -254,6 +263,39 @@ class RayNode:
                 return STARTED_MARKER in fh.read()
         except OSError:
             return False
+
+    def _raylet_log(self) -> bytes:
+        session = self.session_dir()
+        if session is None:
+            return b""
+        try:
+            with open(session / "logs" / "raylet.out", "rb") as fh:
+                return fh.read(_RAYLET_LOG_HEAD)
+        except OSError:
+            return b""
+
+    def registered_node_id(self) -> str | None:
+        """The node id under which this node's raylet registered with the GCS
+        (it says so in ``raylet.out``), or None before that.
+
+        That is the moment the GCS lists the node ALIVE, learned without a
+        GCS round trip (a probe process costs about a second of CPU). The
+        temp dir is this node's own and never reused, so the file cannot be
+        an earlier incarnation's. ``ray start`` may still be in its start-up
+        then (see :meth:`startup_finished`); :meth:`stop` copes with that.
+        """
+        match = _RAYLET_REGISTERED.search(self._raylet_log())
+        return match.group(1).decode() if match else None
+
+    def logged_node_id(self) -> str | None:
+        """The node id this node's raylet chose (logged before it registers), or None.
+
+        Together with :meth:`startup_finished` it also tells that the node
+        joined: ``ray start`` prints its start-up line only after the GCS
+        listed the node under that id.
+        """
+        match = _RAYLET_NODE_ID.search(self._raylet_log())
+        return match.group(1).decode() if match else None
 
     def wait_raylet(self, timeout: float, poll: float = 0.1) -> int | None:
         """Wait until this node's raylet runs; None if ``ray start`` ended or time ran out.

@@ -36,7 +36,7 @@ import zmq
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..launcher import RayLauncher
 from ..protocol.atomic import read_json
-from ..protocol.channel import ControlServer, HeartbeatPublisher, HeartbeatSubscriber
+from ..protocol.channel import ControlClient, ControlError, ControlServer, HeartbeatPublisher, HeartbeatSubscriber
 from ..protocol.records import HeadEndpoint
 from ..protocol.session_dir import SessionDir
 from ..scheduler.base import JobState
@@ -78,14 +78,19 @@ DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 # after a cancel (default 30, 10 in the lab), so the answer is only useful if
 # it comes quickly; without one the drain gets ENDING_GRACE.
 SIGNAL_LOOKUP_TIMEOUT = 5.0
-# A node counts as joined once `ray start` printed that it started (it does
-# so only after the GCS listed the node) and the GCS names our node id. Until
-# the start-up line appears the agent does not probe the GCS: each probe is a
-# Python process importing Ray (about 1 s of CPU), which would compete with
-# `ray start` itself on a small node. A Ray that never prints the line (a
-# future version) is probed after this long anyway.
+# A node counts as joined once its raylet registered with the GCS: the raylet
+# logs that in its registration callback (RayNode.registered_node_id), so the
+# agent learns it as soon as the GCS lists the node ALIVE, without a GCS
+# round trip. Fallbacks, should a Ray version log differently: `ray start`'s
+# start-up line (printed only after the GCS listed the node) plus the id the
+# raylet logged, then a GCS probe. The agent does not probe before the
+# start-up line: each probe is a Python process importing Ray (about 1 s of
+# CPU), which would compete with `ray start` itself on a small node. A Ray
+# that never prints the line is probed after this long anyway.
 PROBE_WITHOUT_STARTUP_LINE_AFTER = 20.0
 PROBE_INTERVAL = 0.5
+# A silent head's GCS must answer within this long to keep the head live.
+HEAD_PROBE_TIMEOUT = 4.0
 
 
 def drain_deadline_for_signal(now: float, job_state: JobState | None, end_time: float | None) -> float:
@@ -110,7 +115,7 @@ class AgentOptions:
     node_index: int = 0            # SLURM_NODEID: node 0 may host an elected head
     spec: Path | None = None       # the worker allocation's config (JSON)
     poll_interval: float = 1.0     # how often the ray_head pointer is read
-    heartbeat_interval: float = 0.5
+    heartbeat_interval: float = 0.25  # a joining worker waits for one beat before it starts Ray
     head_lost_after: float = 2.0   # silence after which a head counts as lost
     backoff_base: float = 2.0
     backoff_max: float = 60.0
@@ -119,7 +124,16 @@ class AgentOptions:
 
 @dataclass
 class _HeadWatch:
-    """What this agent knows about the head named by ``ray_head``."""
+    """What this agent knows about the head named by ``ray_head``.
+
+    The head's heartbeat is the fast signal. Its silence alone does not make
+    the head lost, though: the head's *agent* may be stalled (a slow write to
+    the shared filesystem, a starved CPU) while its Ray serves on, and
+    treating that as a loss would make every worker drop its Ray node at
+    once. So silence is checked against the head's GCS (one probe) first;
+    a heartbeat that says Ray is down, or a GCS that does not answer, is a
+    loss at once.
+    """
 
     job: str | None = None
     endpoint: HeadEndpoint | None = None
@@ -127,11 +141,30 @@ class _HeadWatch:
     last_beat: float | None = None
     beat_ok: bool = False
     beat_draining: bool = False
+    gcs_ok_at: float | None = None        # the GCS answered (asked because the heartbeat was silent)
+    gcs_failed_at: float | None = None    # it did not
+    probing: bool = False
+    next_probe: float = 0.0
+
+    def silent(self, now: float, lost_after: float) -> bool:
+        return (self.endpoint is not None and self.last_beat is not None and self.beat_ok
+                and now - self.last_beat > lost_after)
+
+    def is_live(self, now: float, lost_after: float) -> bool:
+        if self.endpoint is None or self.last_beat is None or not self.beat_ok:
+            return False
+        quiet = now - self.last_beat
+        if quiet <= lost_after:
+            return True
+        if self.gcs_failed_at is not None and self.gcs_failed_at > self.last_beat:
+            return False
+        if self.gcs_ok_at is not None and self.gcs_ok_at > self.last_beat:
+            return now - self.gcs_ok_at <= lost_after + HEAD_PROBE_TIMEOUT
+        return quiet <= lost_after + HEAD_PROBE_TIMEOUT + 1.0   # the first probe is on its way
 
     def seen(self, now: float, lost_after: float) -> HeadSeen:
-        live = (self.endpoint is not None and self.last_beat is not None and self.beat_ok
-                and now - self.last_beat <= lost_after)
-        return HeadSeen(now, self.job, self.endpoint.address if self.endpoint else None, live)
+        return HeadSeen(now, self.job, self.endpoint.address if self.endpoint else None,
+                        self.is_live(now, lost_after))
 
 
 @dataclass
@@ -187,6 +220,8 @@ class Agent:
         self._next_pointer = 0.0
         self._next_status = 0.0
         self._pointer_missing_logged = False
+        # (exit code, deadline) while a leaving agent still serves the run's head.
+        self._handover: tuple[int, float] | None = None
         self.zctx = zmq.Context.instance()
         self.control = ControlServer(self.secret, self.info.session_id, options.node_ip, context=self.zctx)
         self.publisher: HeartbeatPublisher | None = None
@@ -282,6 +317,8 @@ class Agent:
                 self._next_pointer = now + self.o.poll_interval
                 self._refresh_head(now)
             self._watch_ray(now)
+            self._check_handover(now)
+            self._check_silent_head(now)
             self._feed(self.head.seen(now, self.o.head_lost_after))
             self._feed(Tick(now))
             if self._beats_due() and now >= self._next_beat:
@@ -330,7 +367,16 @@ class Agent:
             elif isinstance(action, PublishHead):
                 self._publish_head()
             elif isinstance(action, Exit):
-                self._exit_code = action.code
+                if self._serving_hosted_head():
+                    # The run's head lives in this agent: hand it over before
+                    # leaving (as a head allocation does), instead of taking
+                    # the run's GCS down with this node.
+                    deadline = self.ctx.drain_deadline or (time.time() + ENDING_GRACE)
+                    self._handover = (action.code, deadline)
+                    self._log("hosted_head_handover", deadline_in=f"{deadline - time.time():.1f}s")
+                    self._publish_status(force_session=True)
+                else:
+                    self._exit_code = action.code
 
     # ------------------------------------------------------------ observations
     def _refresh_head(self, now: float) -> None:
@@ -339,7 +385,7 @@ class Agent:
             # A head only needs to know whether the session moved the head away.
             self.head.job = job
             return
-        if job is None and self.head.job is not None and self.head.seen(now, self.o.head_lost_after).live:
+        if job is None and self.head.job is not None and self.head.is_live(now, self.o.head_lost_after):
             # Absent or unreadable (a damaged file, an NFS hiccup): keep the
             # head we follow while its heartbeat lives. A head that is really
             # gone falls silent within head_lost_after and is left then;
@@ -365,6 +411,75 @@ class Agent:
                 host = endpoint.address.rpartition(":")[0]
                 self._subscribe(HeartbeatSubscriber(f"tcp://{host}:{endpoint.ports['heartbeat']}", self.secret,
                                                     self.info.session_id, context=self.zctx))
+                if "control" in endpoint.ports:
+                    threading.Thread(target=self._ask_head, args=(self.head, f"tcp://{host}:{endpoint.ports['control']}"),
+                                     name="agent-ask-head", daemon=True).start()
+
+    def _ask_head(self, watch: _HeadWatch, endpoint: str) -> None:
+        """Ask a newly found head directly whether it serves, instead of waiting
+        for its next heartbeat (up to an interval, plus the time a new
+        subscription takes): a worker that joins starts Ray that much sooner.
+        An answer counts as one heartbeat; no answer changes nothing."""
+        try:
+            with ControlClient(endpoint, self.secret, self.info.session_id, context=self.zctx) as client:
+                status = client.request("status", {}, timeout=2.0).get("status") or {}
+        except (ControlError, ValueError) as exc:
+            self._log("head_not_asked", head_job=watch.job, error=str(exc)[:120])
+            return
+        serving = ((status.get("role") == "head" and status.get("state") in ("JOINED", "DRAINING"))
+                   or (status.get("hosted_head") or {}).get("state") == "READY")
+        if status.get("job_id") == watch.job and serving and watch.last_beat is None:
+            watch.last_beat, watch.beat_ok = time.time(), True
+            self._wake()
+
+    def _serving_hosted_head(self) -> bool:
+        return (self.hosted is not None and bool(self.hosted_state) and self.hosted_state.get("state") == "READY"
+                and self.session.read_ray_head() == self.o.job_id)
+
+    def _check_handover(self, now: float) -> None:
+        """A leaving agent that hosts the run's head exits once the session moved
+        the head elsewhere, its hosted head failed, or the deadline came."""
+        if self._handover is None:
+            return
+        code, deadline = self._handover
+        moved = self.head.job is not None and self.head.job != self.o.job_id
+        failed = not (self.hosted_state and self.hosted_state.get("state") == "READY")
+        if moved or failed or now >= deadline:
+            why = "head moved" if moved else ("hosted head failed" if failed else "deadline reached")
+            self._log("hosted_head_handed_over", head_job=self.head.job, why=why)
+            self._handover = None
+            self._exit_code = code
+
+    def _check_silent_head(self, now: float) -> None:
+        """Ask the GCS whether a head whose heartbeat fell silent still serves."""
+        watch = self.head
+        if self.o.role != "worker" or watch.probing or now < watch.next_probe \
+                or not watch.silent(now, self.o.head_lost_after):
+            return
+        if watch.gcs_failed_at is not None and watch.last_beat is not None and watch.gcs_failed_at > watch.last_beat:
+            return  # already judged lost; a heartbeat (or another pointer) starts over
+        assert watch.endpoint is not None
+        watch.probing = True
+        watch.next_probe = now + self.o.head_lost_after
+        address, quiet = watch.endpoint.address, now - (watch.last_beat or now)
+        self._log("head_silent", head_job=watch.job, quiet=f"{quiet:.1f}s", action="asking its GCS")
+
+        def probe() -> None:
+            try:
+                answered = gcs.gcs_ready(address, timeout=HEAD_PROBE_TIMEOUT) is not None
+            except Exception as exc:   # auth or usage trouble: no evidence that it serves
+                self._log("head_probe_failed", error=str(exc)[:200])
+                answered = False
+            at = time.time()
+            if answered:
+                watch.gcs_ok_at = at
+            else:
+                watch.gcs_failed_at = at
+            watch.probing = False
+            self._log("head_probe", head_job=watch.job, gcs="answers" if answered else "silent")
+            self._wake()
+
+        threading.Thread(target=probe, name="agent-head-probe", daemon=True).start()
 
     def _subscribe(self, subscriber: HeartbeatSubscriber | None) -> None:
         if self.head.subscriber is not None:
@@ -562,6 +677,7 @@ class Agent:
         deadline = started + self.o.start_timeout
         node_id = None
         next_probe = 0.0
+        logged_checked, finished_seen, how = False, 0.0, "gcs"
         while time.time() < deadline:
             if node.poll_exit() is not None:
                 break
@@ -579,8 +695,23 @@ class Agent:
                     break
                 time.sleep(0.1)
                 continue
-            ready = node.startup_finished() or now - started > PROBE_WITHOUT_STARTUP_LINE_AFTER
-            if ready and now >= next_probe:
+            node_id = node.registered_node_id()
+            if node_id:
+                how = "raylet registered"
+                break
+            finished = node.startup_finished()
+            if finished and not logged_checked:
+                # `ray start` printed its start-up line only once the GCS
+                # listed the node: the id its raylet logged is the one joined.
+                # (No such line within 2 s, say a new log format: ask the GCS.)
+                finished_seen = finished_seen or now
+                node_id = node.logged_node_id()
+                if node_id:
+                    how = "raylet log"
+                    break
+                logged_checked = now - finished_seen > 2.0
+            ready = finished or now - started > PROBE_WITHOUT_STARTUP_LINE_AFTER
+            if ready and (logged_checked or not finished) and now >= next_probe:
                 next_probe = now + PROBE_INTERVAL
                 try:
                     # A head's own raylet registers like any node, so both roles
@@ -597,7 +728,7 @@ class Agent:
             return
         if node_id:
             self._log("ray_joined", node_id=node_id, seconds=f"{time.time() - started:.2f}",
-                      raylet_pid=handle.raylet.pid if handle.raylet else "-")
+                      raylet_pid=handle.raylet.pid if handle.raylet else "-", seen_in=how)
             self._post(generation, RayJoined(time.time(), node_id))
         else:
             rc = node.poll_exit()
@@ -655,7 +786,8 @@ class Agent:
             draining = self.ctx.state is State.DRAINING
         else:
             ok = bool(self.hosted_state and self.hosted_state.get("state") == "READY")
-            draining = False
+            # The allocation is leaving: whoever watches the head should elect another.
+            draining = self._handover is not None or self.ctx.state in (State.DRAINING, State.LEFT, State.RELEASED)
         self.publisher.publish({"head_job": self.o.job_id, "ray_ok": ok, "draining": draining})
 
     def _publish_head(self) -> None:
@@ -729,6 +861,7 @@ class Agent:
             "requests": {"accepted": self.control.accepted, "rejected": sum(self.control.rejected.values()),
                          "rejected_by_reason": dict(self.control.rejected)},
             "hosted_head": self.hosted_state, "history": list(c.history[-5:]),
+            "handover_deadline": self._handover[1] if self._handover else None,
             "transitions": list(self.transitions)[-20:],
             "exited": self._exit_code is not None, "exit_code": self._exit_code,
         }
@@ -770,6 +903,15 @@ class Agent:
         self._subscribe(None)
         self.control.close()
         if self.publisher is not None:
+            # A last heartbeat saying the head is down: followers leave now
+            # instead of after head_lost_after of silence plus a GCS probe.
+            # The socket drops what is unsent when it closes, so give its I/O
+            # thread a moment to hand the frame to TCP.
+            try:
+                self.publisher.publish({"head_job": self.o.job_id, "ray_ok": False, "draining": True})
+                time.sleep(0.1)
+            except Exception as exc:
+                log.warning("event=last_heartbeat_failed job=%s error=%s", self.o.job_id, exc)
             self.publisher.close()
         signal.set_wakeup_fd(-1)
 

@@ -1,0 +1,239 @@
+"""What the per-node agent costs on the Slurm lab, next to doing it by hand.
+
+Prints figures; asserts nothing. Needs the lab (``python3 integration/lab up 4``)
+and root. Run it as
+
+    .venv/bin/python bench/bench_agent.py [--runs 5] [--idle 30]
+
+(a) The floor: a bare ``sbatch`` of a 1-node job whose step is
+    ``ray start --address=<head> --block`` with the same essential flags the
+    agent passes; time from sbatch to the node ALIVE in the GCS.
+(b) Ours: ``Session.add_worker_allocation`` to the agent's JOINED (its node
+    state file) and to ALIVE in the GCS.
+    (a) and (b) alternate run by run on the same node (gpub-1), each starting
+    only when the previous job has ended, so both see the same box.
+(c) An idle agent's own process (not Ray): RSS and CPU over ``--idle`` s.
+(d) ``remove_worker_allocation(wait=True)`` of an idle worker: wall time,
+    measured after every (b) run.
+
+ALIVE is seen by polling the GCS node table every 0.1 s from this process,
+with the same GcsClient calls and record parsing as the agent's GCS probe
+(``elastic_ray.agent.gcs_probe``), kept open instead of one process per poll:
+a probe process costs about a second of CPU, which would both blur the
+figure and slow the node being measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "integration"))
+
+import psutil  # noqa: E402
+
+import labctl  # noqa: E402
+from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  # noqa: E402
+from elastic_ray.agent import gcs_probe  # noqa: E402
+from elastic_ray.coordinator.session import Session  # noqa: E402
+from elastic_ray.launcher import RayLauncher  # noqa: E402
+
+PARTITION = "gpu-b"
+CPUS = 2
+OBJECT_STORE = 100_000_000
+RAY = str(Path(sys.executable).parent / "ray")
+
+FLOOR_SCRIPT = """#!/bin/bash
+#SBATCH --job-name={name}
+#SBATCH --partition={partition}
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task={cpus}
+#SBATCH --mem=1G
+#SBATCH --time=10
+#SBATCH --output={out}/floor-%j.out
+export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
+exec srun --nodes=1 --ntasks=1 --cpus-per-task={cpus} {ray} start --address={address} --block \\
+    --node-ip-address="$(getent hosts "$(hostname)" | cut -d' ' -f1)" --temp-dir=/tmp/rbf/$SLURM_JOB_ID \\
+    --num-cpus="$SLURM_CPUS_ON_NODE" --num-gpus=0 --object-store-memory={store} --disable-usage-stats \\
+    --labels=slurm.job-id=$SLURM_JOB_ID --min-worker-port=0 --max-worker-port=0
+"""
+
+
+class GcsWatch:
+    """The GCS node table, read in this process (see the module docstring)."""
+
+    def __init__(self, address: str):
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        from ray._raylet import GcsClient
+
+        self.client = GcsClient(address=address)
+
+    def alive_job(self, job: str) -> dict | None:
+        infos = self.client.get_all_node_info(timeout=5)
+        for node_id, info in infos.items():
+            record = gcs_probe._node_record(node_id, info, None)
+            if record["state"] == "ALIVE" and record["labels"].get("slurm.job-id") == job:
+                return record
+        return None
+
+
+def poll(predicate, timeout: float, interval: float = 0.1):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError("bench: condition not met in time")
+
+
+def slurm(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
+
+
+def job_final(session: Session, job: str) -> bool:
+    info = session.scheduler.query(session.job_name, [job]).get(job)
+    return info is not None and info.state.is_final
+
+
+def floor_run(session: Session, watch: GcsWatch, address: str, work: Path) -> dict:
+    script = work / f"floor-{uuid.uuid4().hex[:6]}.sbatch"
+    script.write_text(FLOOR_SCRIPT.format(name=session.job_name, partition=PARTITION, cpus=CPUS, out=work, ray=RAY,
+                                          address=address, store=OBJECT_STORE))
+    t0 = time.time()
+    job = slurm("sbatch", "--parsable", str(script)).strip().split(";")[0]
+    poll(lambda: watch.alive_job(job), 120)
+    alive = time.time() - t0
+    slurm("scancel", job)
+    poll(lambda: job_final(session, job), 120, 0.3)
+    # The bare `ray start` leaves its temp dir in the node's private /tmp.
+    node = slurm("squeue", "-h", "-t", "all", "-j", job, "-o", "%N").strip()
+    if node:
+        shutil.rmtree(labctl.lab_dir() / "nodes" / node / "tmp" / "rbf" / job, ignore_errors=True)
+    return {"job": job, "alive": alive}
+
+
+def ours_run(session: Session, watch: GcsWatch) -> dict:
+    config = SlurmWorkerAllocationConfig(partition=PARTITION, num_nodes=1, cpus_per_task=CPUS, gpus_per_node=0,
+                                         mem="1G", time_limit="10")
+    t0 = time.time()
+    handle = session.add_worker_allocation(config)
+    job = handle.job_id
+    alive_at = joined_at = None
+    state: dict = {}
+    deadline = t0 + 120
+    while time.time() < deadline and (alive_at is None or joined_at is None):
+        if alive_at is None and watch.alive_job(job):
+            alive_at = time.time()
+        if joined_at is None:
+            state = next(iter(session.node_states(job).values()), {})
+            if state.get("state") == "JOINED":
+                joined_at = time.time()
+        time.sleep(0.1)
+    if alive_at is None or joined_at is None:
+        raise TimeoutError(f"bench: worker {job} did not join")
+    launched = next(t["at"] for t in state["transitions"] if t["to"] == "STARTING")
+    t1 = time.time()
+    final = session.remove_worker_allocation(handle, drain_timeout=60, wait=True)
+    removed = time.time() - t1
+    return {"job": job, "alive": alive_at - t0, "joined": joined_at - t0, "agent_up": state["started_at"] - t0,
+            "ray_launched": launched - t0, "agent_joined": state["since"] - t0, "removed": removed,
+            "final": final}
+
+
+def idle_usage(session: Session, seconds: float) -> dict:
+    handle = session.add_worker_allocation(SlurmWorkerAllocationConfig(
+        partition=PARTITION, num_nodes=1, cpus_per_task=CPUS, gpus_per_node=0, mem="1G", time_limit="10"))
+    state = poll(lambda: (s := next(iter(session.node_states(handle.job_id).values()), {})).get("state") == "JOINED"
+                 and s, 120)
+    head_state = next(iter(session.node_states(session.dir.read_ray_head()).values()))
+    procs = {"worker agent": psutil.Process(state["pid"]), "head agent": psutil.Process(head_state["pid"])}
+    time.sleep(5)  # let the join settle before the window opens
+    before = {k: (p.cpu_times(), time.time()) for k, p in procs.items()}
+    rss_peak = {k: 0 for k in procs}
+    end = time.time() + seconds
+    while time.time() < end:
+        for k, p in procs.items():
+            rss_peak[k] = max(rss_peak[k], p.memory_info().rss)
+        time.sleep(1)
+    out = {}
+    for k, p in procs.items():
+        times, t = before[k]
+        now = p.cpu_times()
+        cpu = (now.user + now.system - times.user - times.system) / (time.time() - t) * 100
+        full = p.memory_full_info()
+        out[k] = {"rss": full.rss, "uss": full.uss, "rss_peak": rss_peak[k], "cpu_percent": cpu,
+                  "threads": p.num_threads()}
+    session.remove_worker_allocation(handle, drain_timeout=60, wait=True)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--idle", type=float, default=30.0)
+    args = parser.parse_args()
+    if not labctl.is_up():
+        print("the Slurm lab is not up: python3 integration/lab up 4")
+        return 2
+    os.environ["SLURM_CONF"] = str(labctl.slurm_conf_path())
+    work = ROOT / ".lab" / "shared" / "bench-agent" / uuid.uuid4().hex[:8]
+    work.mkdir(parents=True)
+    kwargs = {"supervise": False} if "supervise" in inspect.signature(Session.create).parameters else {}
+    session = Session.create(work / "session", scheduler="slurm", launcher=RayLauncher(object_store_memory=OBJECT_STORE),
+                             head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"), **kwargs)
+    floors, ours = [], []
+    try:
+        address = session.wait_for_head(timeout=180)
+        watch = GcsWatch(address)
+        print(f"head {address}; {args.runs} runs each of floor and ours on {PARTITION}, alternating")
+        for i in range(args.runs):
+            for label, runner in (("floor", lambda: floor_run(session, watch, address, work)),
+                                  ("ours", lambda: ours_run(session, watch))):
+                result = runner()
+                (floors if label == "floor" else ours).append(result)
+                print(f"  run {i + 1} {label:5} job {result['job']}: ALIVE {result['alive']:.2f} s"
+                      + (f", JOINED {result['joined']:.2f} s (agent up {result['agent_up']:.2f}, ray start "
+                         f"{result['ray_launched']:.2f}); removed in {result['removed']:.2f} s ({result['final']})"
+                         if label == "ours" else ""), flush=True)
+        usage = idle_usage(session, args.idle)
+    finally:
+        session.teardown()
+
+    med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
+    rng = lambda rows, key: f"{min(r[key] for r in rows):.2f}-{max(r[key] for r in rows):.2f}"  # noqa: E731
+    floor_alive = med(floors, "alive")
+    print()
+    print(f"{'figure':52} {'median':>9} {'range':>13} {'vs floor':>9}")
+    rows = [
+        ("(a) floor: sbatch -> ALIVE (bare ray start)", floors, "alive"),
+        ("(b) ours: add_worker_allocation -> ALIVE", ours, "alive"),
+        ("(b) ours: add_worker_allocation -> JOINED", ours, "joined"),
+        ("    of which: -> agent process up", ours, "agent_up"),
+        ("    of which: -> ray start launched", ours, "ray_launched"),
+        ("(d) remove_worker_allocation(wait=True), idle", ours, "removed"),
+    ]
+    for label, data, key in rows:
+        ratio = f"{med(data, key) / floor_alive:.2f}x" if key in ("alive", "joined") else ""
+        print(f"{label:52} {med(data, key):8.2f}s {rng(data, key):>13} {ratio:>9}")
+    for who, u in usage.items():
+        print(f"(c) idle {who} over {args.idle:.0f} s: RSS {u['rss'] / 2**20:.1f} MiB (USS {u['uss'] / 2**20:.1f}, "
+              f"peak RSS {u['rss_peak'] / 2**20:.1f}), CPU {u['cpu_percent']:.2f} %, {u['threads']} threads")
+    print(f"\nratio ours/floor, to ALIVE: {med(ours, 'alive') / floor_alive:.2f}x; to JOINED: "
+          f"{med(ours, 'joined') / floor_alive:.2f}x (target <= 1.15x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
