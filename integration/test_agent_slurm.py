@@ -35,6 +35,7 @@ from elastic_ray.agent import gcs
 from elastic_ray.coordinator import submit
 from elastic_ray.coordinator.session import Session, WorkerAllocation
 from elastic_ray.launcher import RayLauncher
+from elastic_ray.protocol.channel import ControlClient
 
 import labctl
 
@@ -239,16 +240,21 @@ def test_worker_submitted_before_its_head_waits_then_joins(run):
 
 def test_resources_come_from_the_allocations_and_custom_resources_place_actors(run):
     joined = {name: run.joined(name) for name in ("gpu-a", "gpu-b")}
+    if "walltime" in run.workers:  # let the cluster settle: that allocation joins in the meantime
+        run.wait_state("walltime", lambda s: s.get("state") in ("JOINED", "LEFT"), 60, "JOINED or LEFT")
     seen = run.driver("resources", {"actors": [{"resource": "accelerator:a40"}, {"resource": "accelerator:h100"}]})
     records = {n.node_id: n for n in run.gcs_nodes() if n.alive}
     heads = [n for n in records.values() if n.is_head_node]
     assert len(heads) == 1
     head = heads[0]
     assert head.resources_total.get("CPU", 0) == 0 and head.resources_total.get("GPU", 0) == 0, head.resources_total
-    # The cluster's CPUs and GPUs are exactly the workers' (the head adds none).
+    # The cluster's CPUs and GPUs are exactly the workers' (the head adds none),
+    # as the driver saw them (its node list and totals are one moment).
     workers = [n for n in records.values() if not n.is_head_node]
-    assert seen["total"].get("CPU", 0) == sum(n.resources_total.get("CPU", 0) for n in workers)
-    assert seen["total"].get("GPU", 0) == sum(n.resources_total.get("GPU", 0) for n in workers)
+    seen_workers = [n for n in seen["nodes"] if n["node_id"] != head.node_id]
+    assert seen["total"].get("CPU", 0) == sum(n["resources"].get("CPU", 0) for n in seen_workers)
+    assert seen["total"].get("GPU", 0) == sum(n["resources"].get("GPU", 0) for n in seen_workers)
+    assert all(n["resources"].get("CPU", 0) == 0 for n in seen["nodes"] if n["node_id"] == head.node_id)
     for name, state in joined.items():
         config, job = run.configs[name], run.workers[name].job_id
         node = records[state["node_id"]]
@@ -487,6 +493,17 @@ def test_workers_follow_a_moved_head_in_seconds_then_release_without_one(run):
     new_head = run.session.scheduler.submit(spec)
     log(f"second head job {new_head} submitted; workers following {run.head_job}: {sorted(live)}")
     endpoint = wait_until(lambda: run.session.dir.read_head_endpoint(new_head), 120, 0.3, "the new head's endpoint")
+    # The old head is asked to drain first (as replace_head's caller does): it
+    # keeps serving until the pointer moves, so its workers stay where they are.
+    old = run.state(run.head_job)
+    with ControlClient(old["control"], run.session.secret, run.session.info.session_id) as client:
+        reply = client.request("drain", {"deadline": time.time() + 120, "reason": "test: the head moves"}, timeout=5)
+    assert reply["state"] == "DRAINING", reply
+    drained_at = time.time()
+    while time.time() - drained_at < 2:   # a window of observation (4 pointer polls), polled
+        assert all(run.state(name).get("node_id") == before[name] for name in live)
+        assert run.state(run.head_job)["state"] == "DRAINING"
+        time.sleep(0.25)
     t_switch = time.time()
     run.session.dir.write_ray_head(new_head)
 
@@ -506,19 +523,26 @@ def test_workers_follow_a_moved_head_in_seconds_then_release_without_one(run):
         f"(Ray's own GCS timeout would be 60 s)")
     assert new_ids <= alive
     assert max(per_node.values()) < 30
+    # The drained old head left as soon as the pointer moved, not at its deadline.
+    old_final = run.final(run.head_job, timeout=60)
+    old = run.state(run.head_job)
+    t_old_left = next(at for at, _, to, _ in transitions(old) if to == "LEFT")
+    log(f"old head {run.head_job}: LEFT {t_old_left - t_switch:.1f} s after the pointer moved "
+        f"({old['reason']}); job {old_final}")
+    assert old["state"] == "LEFT" and f"head moved to {new_head}" in old["reason"]
+    assert t_old_left - t_switch < 10 and old_final == "COMPLETED"
     if "crashy" in states:  # the node that gave up on the old head is back with the new one
         assert run.state("crashy")["failures"] == 0
 
-    # No head at all: both head jobs end; the pointer still names the last one.
+    # No head at all: the new head's job ends; the pointer still names it.
     t_gone = time.time()
-    for job in (run.head_job, new_head):
-        run.session.scheduler.cancel(job)
+    run.session.scheduler.cancel(new_head)
     for name in live:
         job = run.workers[name].job_id
         final = run.final(job, timeout=REJOIN_TIMEOUT + 60)
         state = run.state(name)
         released = next(at for at, _, to, _ in transitions(state) if to == "RELEASED")
-        log(f"{name}: no head -> RELEASED {released - t_gone:.1f} s after the heads were cancelled "
+        log(f"{name}: no head -> RELEASED {released - t_gone:.1f} s after the head was cancelled "
             f"(rejoin_timeout {REJOIN_TIMEOUT:.0f} s); job {final}")
         assert state["state"] == "RELEASED", state["reason"]
         assert final == "COMPLETED"
