@@ -159,7 +159,8 @@ def srun_in(job: str, node: str, argv: list[str], timeout: float = 60) -> subpro
 
 
 def agent_status(job: str, node: str, as_json: bool = True) -> Any:
-    proc = srun_in(job, node, [AGENT_CLI, "status", *(["--json"] if as_json else [])])
+    """`elastic-agent status --job JOB [--json]` run inside the job on its node."""
+    proc = srun_in(job, node, [AGENT_CLI, "status", "--job", job, *(["--json"] if as_json else [])])
     assert proc.returncode == 0, proc.stderr
     if not as_json:
         return proc.stdout
@@ -281,8 +282,8 @@ def test_resources_come_from_the_allocations_and_custom_resources_place_actors(r
     job, node = run.workers["gpu-a"].job_id, joined["gpu-a"]["node"]
     text = agent_status(job, node, as_json=False)
     data = agent_status(job, node)
-    print(f"\n$ srun --jobid={job} --overlap -w {node} elastic-agent status\n{text}")
-    print(f"$ srun --jobid={job} --overlap -w {node} elastic-agent status --json  (this job's entry)\n"
+    print(f"\n$ srun --jobid={job} --overlap -w {node} elastic-agent status --job {job}\n{text}")
+    print(f"$ srun --jobid={job} --overlap -w {node} elastic-agent status --job {job} --json\n"
           f"{json.dumps(data, indent=2, sort_keys=True)}")
     assert f"job {job} node {node} role worker  [running]" in text
     assert len(data) == 1 and data[0]["state"] == "JOINED" and data[0]["liveness"] == "running"
@@ -450,8 +451,8 @@ def test_raylet_kills_restart_with_growing_delays_then_the_node_gives_up(run):
     # ... and says so where an operator looks.
     text = agent_status(handle.job_id, node, as_json=False)
     data = agent_status(handle.job_id, node)
-    print(f"\n$ srun --jobid={handle.job_id} --overlap -w {node} elastic-agent status\n{text}")
-    print(f"$ srun --jobid={handle.job_id} --overlap -w {node} elastic-agent status --json  (this job's entry)\n"
+    print(f"\n$ srun --jobid={handle.job_id} --overlap -w {node} elastic-agent status --job {handle.job_id}\n{text}")
+    print(f"$ srun --jobid={handle.job_id} --overlap -w {node} elastic-agent status --job {handle.job_id} --json\n"
           f"{json.dumps(data, indent=2, sort_keys=True)}")
     assert "state      GAVE_UP" in text and "staying out until another head" in text
     assert len(data) == 1 and data[0]["state"] == "GAVE_UP" and data[0]["failures"] == max_restarts + 1

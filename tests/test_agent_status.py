@@ -52,7 +52,8 @@ def test_text_names_the_state_its_age_the_pids_and_the_recent_steps(tmp_path):
     text = st.render_text(st.collect(tmp_path, NOW), now=NOW)
     assert "[running]" in text
     assert "state      GAVE_UP for 30s (Ray ended 4 times" in text
-    assert "failures under this head: 4 of 3 allowed" in text and "gave up on head 5" in text
+    assert "restarts   3 (Ray ended 4 times under this head; 3 restarts allowed)" in text
+    assert "gave up on head 5" in text
     assert "JOINED->GAVE_UP: staying out" in text and "agent tcp://10.0.0.3:4000" in text
 
 
@@ -80,3 +81,11 @@ def test_cli_filters_by_job_and_prints_json(tmp_path, monkeypatch):
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
     assert [d["job_id"] for d in data] == ["4"] and data[0]["liveness"] == "running"
+
+
+def test_a_hosted_head_and_its_handover_are_spelled_out(tmp_path):
+    write(tmp_path, record("12", "LEFT", hosted_head={"state": "READY", "address": "10.0.0.3:6379", "at": NOW - 60},
+                           handover_deadline=NOW + 120))
+    text = st.render_text(st.collect(tmp_path, NOW), now=NOW)
+    assert "hosted     a head for the run: READY at 10.0.0.3:6379 since" in text
+    assert "handover   keeps the run's head until the session moves it, at most in 2m" in text

@@ -179,9 +179,9 @@ def render_text(views: list[AgentView], now: float | None = None, hidden: int = 
                 if s.get(key)]
         if pids:
             ray += f" ({', '.join(pids)})"
-        restarts = f"{s.get('restarts', 0)} (failures under this head: {s.get('failures', 0)}"
+        restarts = f"{s.get('restarts', 0)} (Ray ended {s.get('failures', 0)} times under this head"
         if s.get("max_restarts") is not None:
-            restarts += f" of {s.get('max_restarts')} allowed"
+            restarts += f"; {s.get('max_restarts')} restarts allowed"
         restarts += ")"
         retry = _number(s.get("next_retry_at"))
         if retry is not None:
@@ -216,8 +216,16 @@ def render_text(views: list[AgentView], now: float | None = None, hidden: int = 
         if isinstance(requests, dict) and requests.get("rejected"):
             block.append(f"  requests   {requests.get('accepted', 0)} accepted, {requests.get('rejected')} rejected "
                          f"{requests.get('rejected_by_reason') or ''}")
-        if s.get("hosted_head"):
-            block.append(f"  hosted head {s.get('hosted_head')}")
+        hosted = s.get("hosted_head")
+        if isinstance(hosted, dict):
+            at = _number(hosted.get("at"))
+            block.append(f"  hosted     a head for the run: {hosted.get('state')}"
+                         + (f" at {hosted['address']}" if hosted.get("address") else "")
+                         + (f" since {_clock(at)}" if at is not None else "")
+                         + (f" ({hosted['reason']})" if hosted.get("reason") else ""))
+        handover = _number(s.get("handover_deadline"))
+        if handover is not None:
+            block.append(f"  handover   keeps the run's head until the session moves it, at most {_when(handover, now)}")
         block.append(f"  session    {s.get('session')}")
         lines.append("\n".join(block))
     if hidden:
