@@ -997,7 +997,16 @@ def up(n: int = DEFAULT_NODES) -> LabInfo:
             log("up: a lab with another layout or config is running; restarting it")
         _down(s, quiet=True)
 
-    _fresh_start(s, layout, files, fp, proctrack)
+    try:
+        _fresh_start(s, layout, files, fp, proctrack)
+    except BaseException:
+        # Leave nothing half-started behind (a munged without a controller,
+        # namespaces without nodes): undo, then report the original error.
+        try:
+            _down(s, quiet=True)
+        except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+            log(f"up: cleanup after the failed start also failed: {exc}")
+        raise
     info.action = "started"
     log(f"up: {n} nodes in {_since(t0)} (proctrack/{proctrack}, private tmp "
         f"{'on' if s.private_tmp else 'off'})")
