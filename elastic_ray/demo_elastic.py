@@ -28,11 +28,9 @@ class Timeline:
     def __init__(self, console: Console):
         self.console = console
         self.t0 = time.monotonic()
-        self.rows: list[tuple[str, float]] = []
 
     def step(self, text: str) -> None:
         elapsed = time.monotonic() - self.t0
-        self.rows.append((text, elapsed))
         self.console.print(f"[dim]{elapsed:6.1f}s[/]  {text}")
 
 

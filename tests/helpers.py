@@ -106,3 +106,8 @@ def marker_events(path: str | Path) -> list[tuple[str, str, str, str, float]]:
         if len(parts) == 5:
             events.append((parts[0], parts[1], parts[2], parts[3], float(parts[4])))
     return events
+
+
+def committed_units(path: Path) -> list[int]:
+    """Units a payload committed to ``path`` (one number per line), in order."""
+    return [int(x) for x in path.read_text().split()] if path.exists() else []

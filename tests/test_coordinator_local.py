@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from elastic_ray import SlurmAllocationEnded, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.coordinator.session import Session
 from elastic_ray.launcher import RayLauncher
-from tests.helpers import wait_until
+from tests.helpers import committed_units as committed, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -49,10 +48,6 @@ def new_session(tmp_path, monkeypatch):
 @pytest.fixture
 def session(new_session):
     return new_session(supervise=True)
-
-
-def committed(path: Path) -> list[int]:
-    return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
 def test_failover_loop_commits_every_unit_exactly_once(session, tmp_path):

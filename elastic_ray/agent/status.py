@@ -198,7 +198,7 @@ def render_text(views: list[AgentView], now: float | None = None, hidden: int = 
             f"  ray node   {ray}",
             f"  ports      {port_text}; agent {s.get('control') or '-'}",
             f"  restarts   {restarts}",
-            f"  drain      " + (f"deadline {_when(drain, now)}" if drain is not None else "-"),
+            "  drain      " + (f"deadline {_when(drain, now)}" if drain is not None else "-"),
         ]
         if no_head is not None and s.get("state") in ("WAITING_FOR_HEAD", "GAVE_UP"):
             rejoin = _number(s.get("rejoin_timeout"))

@@ -28,7 +28,7 @@ from ..config import (
     inherit_worker_config,
     resolve_head_config,
 )
-from ..errors import AllocationFailed, ConfigError, ElasticRayError, SchedulerError, SlurmAllocationEnded
+from ..errors import AllocationFailed, ConfigError, SchedulerError, SlurmAllocationEnded
 from ..launcher import RayLauncher
 from ..protocol.channel import ControlClient, ControlError
 from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
@@ -213,15 +213,7 @@ class Session:
     @property
     def worker_allocations(self) -> list[WorkerAllocation]:
         """Live worker allocations (pending or running, not removed), from the shared record."""
-        rec = self.record()
-        jobs = self.query()
-        live = []
-        for job_id, worker in sorted(rec.workers.items(), key=lambda kv: int(kv[0])):
-            info = jobs.get(job_id)
-            if worker.state == "removed" or (info is not None and info.state.is_final):
-                continue
-            live.append(WorkerAllocation(self, job_id))
-        return live
+        return [WorkerAllocation(self, lw.job_id) for lw in election.live_workers(self.record(), self.query())]
 
     # ------------------------------------------------------------ head
     def _submit_head(self) -> str:

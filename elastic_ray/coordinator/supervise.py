@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable
 from ..config import SlurmWorkerAllocationConfig
 from ..errors import ElasticRayError
 from . import election
+from .headwatch import HeadObservation
 
 if TYPE_CHECKING:
     from .session import Session
@@ -86,20 +87,19 @@ class HeadSupervisor:
                     self._emit("head_draining", head=obs.job)
                 if lost or draining or now >= next_full:
                     next_full = now + self.interval
-                    self._check(now)
+                    self._check(now, obs)
             except ElasticRayError as exc:
                 log.warning("event=supervisor_error session=%s error=%s", self.session.job_name, exc)
             except Exception:
                 log.exception("event=supervisor_error session=%s", self.session.job_name)
             self._stop.wait(0.05)
 
-    def _check(self, now: float) -> None:
+    def _check(self, now: float, obs: HeadObservation) -> None:
         session = self.session
         rec = session.record()
         if not should_elect_on_its_own(bool(rec.workers), session.info.ray_head_only):
             return
         jobs = session.query()
-        obs = session.observe_head()
         assessment = session._assess(rec, jobs, obs, now)
         if assessment.needs_election:
             self._emit("election_needed", why=repr(assessment.why))

@@ -144,9 +144,10 @@ class LocalScheduler(Scheduler):
         try:
             self._start_supervisor(job_id, out_fd)
         except SchedulerError as exc:
-            self.store.update(job_id, lambda r: apply_event(r, Event.LAUNCH_FAILED, time.time(), str(exc))
+            reason = str(exc)
+            self.store.update(job_id, lambda r: apply_event(r, Event.LAUNCH_FAILED, time.time(), reason)
                               if r.supervisor is None else r)
-            self.store.log("job.launch_failed", job=job_id, name=spec.job_name, state="FAILED", reason=str(exc))
+            self.store.log("job.launch_failed", job=job_id, name=spec.job_name, state="FAILED", reason=reason)
             raise
         return job_id
 
