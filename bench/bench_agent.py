@@ -46,7 +46,7 @@ import labctl  # noqa: E402
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  # noqa: E402
 from elastic_ray.agent import gcs_probe  # noqa: E402
 from elastic_ray.coordinator.session import Session  # noqa: E402
-from elastic_ray.launcher import RayLauncher  # noqa: E402
+from elastic_ray.config.launcher import RayLauncher  # noqa: E402
 
 PARTITION = "gpu-b"
 CPUS = 2

@@ -69,7 +69,7 @@ sys.path.insert(0, str(REPO))
 
 from elastic_ray import Session, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  # noqa: E402
 from elastic_ray.agent import gcs  # noqa: E402
-from elastic_ray.launcher import RayLauncher  # noqa: E402
+from elastic_ray.config.launcher import RayLauncher  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_FAILOVER_RUNS", "3"))
 WORK = REPO / ".lab" / "test-work" / "bench-failover"

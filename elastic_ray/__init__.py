@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 # Imported on first use: the per-node agent imports this package too, and
 # must not pay for the coordinator it never uses.
 _LAZY = {"Session": "elastic_ray.coordinator.session", "WorkerAllocation": "elastic_ray.coordinator.session",
-         "Head": "elastic_ray.coordinator.session", "RayLauncher": "elastic_ray.launcher",
+         "Head": "elastic_ray.coordinator.session", "RayLauncher": "elastic_ray.config.launcher",
          "PayloadFailed": "elastic_ray.coordinator.drivers"}
 
 

@@ -23,7 +23,7 @@ from elastic_ray import (
     SlurmRunAllocationConfig,
     SlurmWorkerAllocationConfig,
 )
-from elastic_ray.launcher import RayLauncher
+from elastic_ray.config.launcher import RayLauncher
 from tests.helpers import committed_units as committed, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.timeout(600)]
@@ -101,7 +101,7 @@ def test_add_wait_and_remove_worker_allocations(make_session):
 
 # The payload shipped with the demo: it commits each unit to a file once Ray
 # computed it, and a relaunch skips what was committed.
-PAYLOAD = [sys.executable, "-m", "elastic_ray.demo_payload"]
+PAYLOAD = [sys.executable, "-m", "elastic_ray.demo.payload"]
 
 
 def test_failover_loop_on_slurm(make_session):

@@ -25,7 +25,7 @@ from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.agent import gcs
 from elastic_ray.coordinator import submit
 from elastic_ray.coordinator.session import Session
-from elastic_ray.launcher import RayLauncher
+from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.protocol.channel import ControlClient
 from elastic_ray.protocol.frames import MAX_FRAME_BYTES, REQUEST_KINDS, seal, sign
 

@@ -24,21 +24,20 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from elastic_ray.cli import main
-from elastic_ray.cli_session import (
+from elastic_ray.cli.options import (
     FIELD_OPTIONS,
     OptionError,
-    build_status,
-    format_duration,
-    one_line,
     option_for_field,
     parse_ray_resource,
     parse_ray_resources,
-    render_status,
     worker_config,
 )
+from elastic_ray.cli.session import one_line
+from elastic_ray.cli.status_model import build_status
+from elastic_ray.cli.status_view import format_duration, render_status
 from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, resolve_head_config
 from elastic_ray.coordinator.headwatch import HeadObservation
-from elastic_ray.launcher import RayLauncher
+from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.protocol.records import (
     AllocationRecord,
     ElectionClaim,

@@ -17,7 +17,7 @@ from elastic_ray.config import (
     resolve_head_config,
 )
 from elastic_ray.errors import ConfigError
-from elastic_ray.slurm_values import format_slurm_time, parse_memory_mb, parse_signal, parse_slurm_time
+from elastic_ray.config.slurm_values import format_slurm_time, parse_memory_mb, parse_signal, parse_slurm_time
 
 # ----------------------------------------------------------------- accepted values
 

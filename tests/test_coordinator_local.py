@@ -13,14 +13,14 @@ import pytest
 
 from elastic_ray import SlurmAllocationEnded, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.coordinator.session import Session
-from elastic_ray.launcher import RayLauncher
+from elastic_ray.config.launcher import RayLauncher
 from tests.helpers import committed_units as committed, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 # The payload shipped with the demo commits each unit to a file once Ray
 # computed it; a relaunch skips what was committed.
-PAYLOAD = [sys.executable, "-m", "elastic_ray.demo_payload"]
+PAYLOAD = [sys.executable, "-m", "elastic_ray.demo.payload"]
 HEAD = SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G")
 
 

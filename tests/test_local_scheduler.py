@@ -26,7 +26,7 @@ from elastic_ray.config import SlurmRunAllocationConfig as Alloc
 from elastic_ray.errors import SchedulerError
 from elastic_ray.scheduler.base import JobSpec, JobState
 from elastic_ray.scheduler.local import LocalScheduler, resolve_output
-from elastic_ray.scheduler.local_cluster import (
+from elastic_ray.scheduler.local.cluster import (
     Holding,
     LocalCluster,
     LocalNode,
@@ -42,8 +42,8 @@ from elastic_ray.scheduler.local_cluster import (
     request_from_allocation,
     schedule,
 )
-from elastic_ray.scheduler.local_procs import is_alive, send, send_group
-from elastic_ray.scheduler.local_record import (
+from elastic_ray.scheduler.local.procs import is_alive, send, send_group
+from elastic_ray.scheduler.local.record import (
     BeginEnding,
     Event,
     Finish,

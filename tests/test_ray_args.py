@@ -39,7 +39,7 @@ from elastic_ray.agent.ray_args import (
     worker_gpus,
 )
 from elastic_ray.config import SlurmWorkerAllocationConfig as Alloc
-from elastic_ray.launcher import RayLauncher
+from elastic_ray.config.launcher import RayLauncher
 
 
 class FakeFreePort:

@@ -26,7 +26,7 @@ from elastic_ray.agent.gcs import ProbeError, parse_answer, run_probe
 from elastic_ray.agent.ray_args import build_ray_start, choose_ports
 from elastic_ray.agent.ray_node import RayNode, free_port
 from elastic_ray.config import SlurmWorkerAllocationConfig
-from elastic_ray.launcher import RayLauncher
+from elastic_ray.config.launcher import RayLauncher
 
 TEMP_ROOT = "/tmp/er-t"
 LAUNCHER = RayLauncher(object_store_memory=100_000_000)   # 30 % of RAM per node otherwise

@@ -69,8 +69,8 @@ class Backend:
 
 def _local_backend(tmp_path: Path) -> tuple[Backend, Callable[[], None]]:
     from elastic_ray.scheduler.local import LocalCluster, LocalScheduler
-    from elastic_ray.scheduler.local_procs import send, send_group
-    from elastic_ray.scheduler.local_record import JobRecord
+    from elastic_ray.scheduler.local.procs import send, send_group
+    from elastic_ray.scheduler.local.record import JobRecord
 
     scheduler = LocalScheduler(tmp_path / "state", LocalCluster.default(kill_wait=2.0))
     workdir = tmp_path / "work"

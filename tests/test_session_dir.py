@@ -18,7 +18,7 @@ import filelock
 import pytest
 
 from elastic_ray.errors import CorruptFileError, SessionDirError
-from elastic_ray.protocol.atomic import atomic_write_json, read_json
+from elastic_ray.atomic import atomic_write_json, read_json
 from elastic_ray.protocol.records import (
     AllocationRecord,
     ElectionClaim,

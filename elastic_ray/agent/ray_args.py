@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import SlurmWorkerAllocationConfig
-from ..launcher import PORT_STRATEGIES, RayLauncher
+from ..config.launcher import PORT_STRATEGIES, RayLauncher
 
 ROLES = ("head", "worker")
 

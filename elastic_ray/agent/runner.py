@@ -34,8 +34,8 @@ import psutil
 import zmq
 
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
-from ..launcher import RayLauncher
-from ..protocol.atomic import read_json
+from ..config.launcher import RayLauncher
+from ..atomic import read_json
 from ..protocol.channel import ControlClient, ControlError, ControlServer, HeartbeatPublisher, HeartbeatSubscriber
 from ..protocol.records import HeadEndpoint
 from ..protocol.session_dir import SessionDir

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from ..protocol.atomic import atomic_write_json, read_json
+from ..atomic import atomic_write_json, read_json
 
 # An agent rewrites its file at least this often while it runs; a live PID
 # with an older file means the agent is stuck.

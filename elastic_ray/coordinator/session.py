@@ -29,7 +29,7 @@ from ..config import (
     resolve_head_config,
 )
 from ..errors import AllocationFailed, ConfigError, SchedulerError, SlurmAllocationEnded
-from ..launcher import RayLauncher
+from ..config.launcher import RayLauncher
 from ..protocol.channel import ControlClient, ControlError
 from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
 from ..protocol.session_dir import SessionDir

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
-from ..launcher import RayLauncher
-from ..protocol.atomic import atomic_write_json
+from ..config.launcher import RayLauncher
+from ..atomic import atomic_write_json
 from ..protocol.session_dir import SessionDir
 from ..scheduler.base import JobSpec
 

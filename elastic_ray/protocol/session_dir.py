@@ -33,7 +33,7 @@ from typing import Any
 import filelock
 
 from ..errors import CorruptFileError, SessionDirError
-from .atomic import atomic_write_bytes, atomic_write_json, read_bytes_bounded, read_json
+from ..atomic import atomic_write_bytes, atomic_write_json, read_bytes_bounded, read_json
 from .records import AllocationRecord, HeadEndpoint, SessionInfo, check_job_id, is_job_id
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorruptFileError
+from .errors import CorruptFileError
 
 # A session file is small; anything bigger is garbage or an attack, and
 # reading it whole would let one bad file exhaust a reader's memory.

@@ -9,8 +9,8 @@ a test.
 
 Many processes use it at once (a run's supervisor and every payload step
 create their own ``LocalScheduler`` on the same state directory) and any of
-them may crash, so all state is on disk (``local_store``) and every job has
-its own detached supervisor process (``local_job``). This class is the thin
+them may crash, so all state is on disk (``store``) and every job has
+its own detached supervisor process (``job``). This class is the thin
 front: it validates, writes records, starts supervisors, and reads.
 
 Where it differs from Slurm, on purpose or by simplification:
@@ -42,11 +42,11 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import CorruptFileError, SchedulerError
-from ..slurm_values import parse_signal
-from . import local_procs
-from .base import JobInfo, JobSpec, JobState, Scheduler
-from .local_cluster import (
+from ...errors import CorruptFileError, SchedulerError
+from ...config.slurm_values import parse_signal
+from . import procs
+from ..base import JobInfo, JobSpec, JobState, Scheduler
+from .cluster import (
     LocalCluster,
     LocalNode,
     ResourceRequest,
@@ -54,8 +54,8 @@ from .local_cluster import (
     predict_start,
     request_from_allocation,
 )
-from .local_record import Event, JobRecord, apply_event, job_info, parse_signal_name
-from .local_store import LocalStore
+from .record import Event, JobRecord, apply_event, job_info, parse_signal_name
+from .store import LocalStore
 
 __all__ = ["LocalCluster", "LocalNode", "LocalScheduler", "resolve_output"]
 
@@ -166,7 +166,7 @@ class LocalScheduler(Scheduler):
         process can mistake the new job for an abandoned one.
         """
         read_fd, write_fd = os.pipe()
-        argv = [sys.executable, "-m", "elastic_ray.scheduler.local_job", str(self.state_dir), job_id,
+        argv = [sys.executable, "-m", "elastic_ray.scheduler.local.job", str(self.state_dir), job_id,
                 "--notify-fd", str(write_fd)]
         try:
             launcher = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd,
@@ -252,7 +252,7 @@ class LocalScheduler(Scheduler):
         self.store.log("job.cancel", job=job_id, name=new.name, state=new.state.value,
                        node=",".join(new.nodes) or "-")
         if new.supervisor is not None:
-            local_procs.send(new.supervisor, _signal.SIGTERM)
+            procs.send(new.supervisor, _signal.SIGTERM)
 
     # ------------------------------------------------------------ signal
     def signal(self, job_id: str, signal_name: str, *, batch: bool = False) -> None:
@@ -275,7 +275,7 @@ class LocalScheduler(Scheduler):
             time.sleep(0.05)  # started a moment ago; its node processes are being recorded
         targets = record.node_procs[:1] if batch else record.node_procs
         sent = [ref.node for ref in targets
-                if (local_procs.send(ref, sig) if batch else local_procs.send_group(ref, sig))]
+                if (procs.send(ref, sig) if batch else procs.send_group(ref, sig))]
         self.store.log("job.signal", job=job_id, name=record.name, state=record.state.value,
                        node=",".join(sent) or "-", signal=sig.name, batch=batch)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from . import __version__
-from .cli_session import session_group
-from .errors import ElasticRayError
-from .scheduler.factory import KINDS, make_scheduler
+from .. import __version__
+from .session import session_group
+from ..errors import ElasticRayError
+from ..scheduler.factory import KINDS, make_scheduler
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,15 +37,15 @@ def main() -> None:
               help="Only the scheduler part: three allocations watched as a table (no Ray).")
 def demo(scheduler: str, workdir: Path | None, sleep: float, allocations_only: bool) -> None:
     """An elastic Ray run: workers join and leave, the head fails over, the payload finishes."""
-    from .demo import run_demo
+    from ..demo.allocations import run_demo
 
     console = Console(width=None if sys.stdout.isatty() else 130)
     workdir = (workdir or Path.cwd() / "demo-session").absolute()
     if not allocations_only:
-        from .demo_elastic import run_elastic_demo
+        from ..demo.main_demo import run_main_demo
 
         try:
-            ok = run_elastic_demo(scheduler, workdir, console)
+            ok = run_main_demo(scheduler, workdir, console)
         except ElasticRayError as exc:
             raise click.ClickException(str(exc)) from None
         console.print("[green]demo passed[/]" if ok else "[red]demo failed[/]")

@@ -1,6 +1,6 @@
 """One local job's supervisor: slurmctld + slurmstepd for that job alone.
 
-    python -m elastic_ray.scheduler.local_job <state_dir> <job_id> [--notify-fd N]
+    python -m elastic_ray.scheduler.local.job <state_dir> <job_id> [--notify-fd N]
 
 ``LocalScheduler.submit`` starts it detached (own session, stdout/stderr to
 the job's output file). It waits PENDING until the emulated cluster has room
@@ -8,7 +8,7 @@ the job's output file). It waits PENDING until the emulated cluster has room
 node, each in its own session so it can be signalled as a group, enforces
 the walltime with the pre-walltime signal, TERM and KILL after KillWait, and
 records the final state. Every decision is a pure function in
-``local_record`` / ``local_cluster``; this module only carries them out.
+``record`` / ``cluster``; this module only carries them out.
 
 It also becomes a child subreaper, so that processes the node commands
 daemonize stay in its tree and die with the job, as proctrack/cgroup does on
@@ -31,11 +31,11 @@ from datetime import datetime
 
 import psutil
 
-from ..errors import CorruptFileError, SchedulerError
-from . import local_procs
-from .base import JobState
-from .local_cluster import Placement, schedule
-from .local_record import (
+from ...errors import CorruptFileError, SchedulerError
+from . import procs
+from ..base import JobState
+from .cluster import Placement, schedule
+from .record import (
     BeginEnding,
     Event,
     Finish,
@@ -54,7 +54,7 @@ from .local_record import (
     started,
     warning_time,
 )
-from .local_store import LocalStore
+from .store import LocalStore
 
 # Longest sleep without looking at the record: a cancel written by a process
 # that died before it could signal us is still seen within this time.
@@ -79,13 +79,13 @@ class Supervisor:
     # ------------------------------------------------------------ setup
     def register(self) -> JobRecord:
         """Write our pid + start time into the record, so others can check on us."""
-        me = local_procs.ref_of(os.getpid())
+        me = procs.ref_of(os.getpid())
 
         def change(record: JobRecord) -> JobRecord:
             if record.state.is_final:
                 return record
             if (record.supervisor is not None and record.supervisor.pid != me.pid
-                    and local_procs.is_alive(record.supervisor)):
+                    and procs.is_alive(record.supervisor)):
                 raise SchedulerError(f"job {self.job_id} already has a supervisor (pid {record.supervisor.pid})")
             return replace(record, supervisor=me)
 
@@ -154,7 +154,7 @@ class Supervisor:
             self.sleep_until(now + self.cluster.sched_interval)
 
     def _plan(self, records: dict[str, JobRecord]) -> tuple[dict[str, Placement], dict[str, str]]:
-        """The same plan every pending job's supervisor computes (see local_cluster.schedule)."""
+        """The same plan every pending job's supervisor computes (see cluster.schedule)."""
         held = [h for r in records.values() if r.holds_resources for h in r.holdings]
         pending = [(r.job_id, r.request) for r in records.values() if r.state is JobState.PENDING]
         return schedule(self.cluster, held, pending)
@@ -185,7 +185,7 @@ class Supervisor:
         ok = True
         # If this supervisor is killed, its node processes die with it (the
         # reaper that notices the lost job also kills their groups).
-        die_with_us = local_procs.die_with_parent(os.getpid())
+        die_with_us = procs.die_with_parent(os.getpid())
         for index, holding in enumerate(record.holdings):
             env = node_environment(record, index, base, self.cluster.node(holding.node).address)
             try:
@@ -269,7 +269,7 @@ class Supervisor:
     def _send_warning(self, record: JobRecord, now: float) -> None:
         sig = parse_signal_name(record.warning_signal or "TERM")
         for ref in record.node_procs:
-            local_procs.send_group(ref, sig)
+            procs.send_group(ref, sig)
         self.store.update(self.job_id, lambda r: replace(r, warning_sent_at=now))
         self.log("job.warning", record, signal=sig.name,
                  reason=f"{record.warning_seconds}s before the time limit")
@@ -302,19 +302,19 @@ class Supervisor:
                 pass
         # Everything else in our tree, once: a process in a node's group already got it.
         others = []
-        for proc in local_procs.descendants():
+        for proc in procs.descendants():
             try:
                 if os.getpgid(proc.pid) not in groups:
                     others.append(proc)
             except (ProcessLookupError, PermissionError):
                 pass
-        local_procs.signal_all(others, sig)
+        procs.signal_all(others, sig)
 
     def _finish(self, now: float) -> None:
         """All node processes are gone: clear stragglers, record the final state, wake pending jobs."""
-        strays = local_procs.descendants()
+        strays = procs.descendants()
         if strays:
-            local_procs.signal_all(strays, signal.SIGKILL)
+            procs.signal_all(strays, signal.SIGKILL)
             psutil.wait_procs(strays, timeout=2)
             self.reap()
         codes = dict(self.exit_codes)
@@ -354,7 +354,7 @@ def _notify(fd: int | None, message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m elastic_ray.scheduler.local_job",
+    parser = argparse.ArgumentParser(prog="python -m elastic_ray.scheduler.local.job",
                                      description="supervise one job of the local scheduler")
     parser.add_argument("state_dir")
     parser.add_argument("job_id")
@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         supervisor = Supervisor(store, args.job_id)
         # Before registering: a cancel may arrive the moment submit() returns.
         supervisor.install_signal_handlers()
-        local_procs.become_subreaper()
+        procs.become_subreaper()
         record = supervisor.register()
     except Exception as exc:  # noqa: BLE001 - reported to the submitter, which raises SchedulerError
         _notify(notify_fd, f"error {type(exc).__name__}: {exc}")

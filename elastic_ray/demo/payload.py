@@ -1,6 +1,6 @@
 """The demo's payload driver: units of Ray work, each committed to a file once.
 
-Run as ``python -m elastic_ray.demo_payload COMMITS TOTAL``. A relaunch skips
+Run as ``python -m elastic_ray.demo.payload COMMITS TOTAL``. A relaunch skips
 committed units, which is how a payload survives a head failover: the new
 head is a new Ray cluster, so the only state that carries over is what was
 committed outside Ray.

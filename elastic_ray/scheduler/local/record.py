@@ -4,7 +4,7 @@ Pure: no files, no processes, no clock (``now`` is always an argument).
 
 The record is the job's whole truth, shared on disk by every process that
 uses the same local scheduler state directory: the submitter, the job's own
-supervisor (``local_job``), and any process that queries or cancels. Keeping
+supervisor (``job``), and any process that queries or cancels. Keeping
 the decisions here, as functions of a record and a time, is what lets them be
 tested exhaustively while the processes that act on them stay thin.
 """
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from .base import JobInfo, JobState
-from .local_cluster import Holding, Placement, ResourceRequest, compress_hostlist
+from ..base import JobInfo, JobState
+from .cluster import Holding, Placement, ResourceRequest, compress_hostlist
 
 RECORD_VERSION = 1
 

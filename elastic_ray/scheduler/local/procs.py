@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import psutil
 
-from .local_record import ProcRef
+from .record import ProcRef
 
 # psutil derives the start time from boot time + clock ticks: the same
 # process always gives the same value; another process with a recycled pid

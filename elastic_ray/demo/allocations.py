@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from .config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, inherit_worker_config, resolve_head_config
-from .scheduler.base import JobInfo, JobSpec, JobState, Scheduler
+from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, inherit_worker_config, resolve_head_config
+from ..scheduler.base import JobInfo, JobSpec, JobState, Scheduler
 
 # What every emulated or real node prints: enough to see that the allocation
 # got what it asked for.

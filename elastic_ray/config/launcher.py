@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from .config import _check_ray_start_args
-from .errors import ConfigError
+from .allocation import check_ray_start_args
+from ..errors import ConfigError
 
 PORT_STRATEGIES = ("random", "hash_jobid", "fixed")
 AUTH_MODES = ("disabled", "token")
@@ -84,7 +84,7 @@ class RayLauncher:
             raise ConfigError("redis_password", "***", "must be a non-empty single-line string")
         if self.auth_mode not in AUTH_MODES:
             raise ConfigError("auth_mode", self.auth_mode, f"must be one of {', '.join(AUTH_MODES)}")
-        set_("ray_start_args", _check_ray_start_args("ray_start_args", self.ray_start_args))
+        set_("ray_start_args", check_ray_start_args("ray_start_args", self.ray_start_args))
         if not isinstance(self.include_dashboard, bool):
             raise ConfigError("include_dashboard", self.include_dashboard, "must be True or False")
         if self.object_store_memory is not None and (

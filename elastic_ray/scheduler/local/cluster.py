@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import SlurmRunAllocationConfig
-from ..slurm_values import parse_memory_mb
+from ...config import SlurmRunAllocationConfig
+from ...config.slurm_values import parse_memory_mb
 
 # What Slurm says when a request can never run; code above the scheduler may
 # look for it in the message, so both backends use the same words.

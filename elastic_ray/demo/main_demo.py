@@ -18,10 +18,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
-from .coordinator.session import Session
-from .errors import SlurmAllocationEnded
-from .launcher import RayLauncher
+from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from ..coordinator.session import Session
+from ..errors import SlurmAllocationEnded
+from ..config.launcher import RayLauncher
 
 
 class Timeline:
@@ -34,7 +34,7 @@ class Timeline:
         self.console.print(f"[dim]{elapsed:6.1f}s[/]  {text}")
 
 
-def run_elastic_demo(scheduler: str, workdir: Path, console: Console, units: int = 120) -> bool:
+def run_main_demo(scheduler: str, workdir: Path, console: Console, units: int = 120) -> bool:
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / f"run-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}"
     t = Timeline(console)
@@ -54,7 +54,7 @@ def run_elastic_demo(scheduler: str, workdir: Path, console: Console, units: int
         t.step(f"worker allocation {gpu.job_id} (gpu-a, 2 GPUs, 2 CPUs) joined: {nodes}")
 
         commits = path / "commits.txt"
-        argv = [sys.executable, "-m", "elastic_ray.demo_payload", str(commits), str(units)]
+        argv = [sys.executable, "-m", "elastic_ray.demo.payload", str(commits), str(units)]
         log = open(path / "payload.log", "a")
         run = session.run(argv, stdout=log, stderr=log)
         t.step(f"payload started next to the head ({units} units of Ray work)")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .slurm_values import parse_memory_mb, parse_signal, parse_slurm_time
 
 # --------------------------------------------------------------------------
@@ -158,7 +158,7 @@ AGENT_OWNED_RAY_OPTIONS = frozenset({
 })
 
 
-def _check_ray_start_args(name: str, value: Any) -> tuple[str, ...]:
+def check_ray_start_args(name: str, value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
@@ -288,7 +288,7 @@ class SlurmWorkerAllocationConfig(SlurmRunAllocationConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "ray_resources", _check_ray_resources("ray_resources", self.ray_resources))
-        object.__setattr__(self, "ray_start_args", _check_ray_start_args("ray_start_args", self.ray_start_args))
+        object.__setattr__(self, "ray_start_args", check_ray_start_args("ray_start_args", self.ray_start_args))
         object.__setattr__(self, "rejoin_timeout", _check_positive_seconds("rejoin_timeout", self.rejoin_timeout))
 
 

@@ -9,7 +9,7 @@ one process's memory:
   cluster.json        the emulated cluster, fixed on first use (all processes agree)
   next_job_id         the id counter (a bare integer)
   lock                the filelock every read-modify-write holds
-  jobs/<id>.json      one record per job (see local_record.JobRecord)
+  jobs/<id>.json      one record per job (see record.JobRecord)
   scheduler.log       one structured line per event
 ```
 
@@ -32,12 +32,12 @@ from pathlib import Path
 
 import filelock
 
-from ..errors import CorruptFileError, SchedulerError
-from ..protocol.atomic import atomic_write_json, read_json
-from . import local_procs
-from .base import JobState
-from .local_cluster import LocalCluster
-from .local_record import Event, JobRecord, apply_event
+from ...errors import CorruptFileError, SchedulerError
+from ...atomic import atomic_write_json, read_json
+from . import procs
+from ..base import JobState
+from .cluster import LocalCluster
+from .record import Event, JobRecord, apply_event
 
 LOCK_TIMEOUT = 30.0
 
@@ -184,7 +184,7 @@ class LocalStore:
         """
         if record.supervisor is None:
             return now - record.submit_time < self.cluster.startup_grace
-        return local_procs.is_alive(record.supervisor)
+        return procs.is_alive(record.supervisor)
 
     def reap_lost(self, records: dict[str, JobRecord], now: float) -> dict[str, JobRecord]:
         """End the active jobs whose supervisor died; return the updated records.
@@ -209,7 +209,7 @@ class LocalStore:
                     out[record.job_id] = record
                     continue
                 for proc in record.node_procs:
-                    local_procs.send_group(proc, _signal.SIGKILL)
+                    procs.send_group(proc, _signal.SIGKILL)
                 why = ("supervisor never registered" if record.supervisor is None
                        else f"supervisor pid {record.supervisor.pid} died")
                 new = apply_event(record, Event.SUPERVISOR_LOST, now, why)
@@ -226,7 +226,7 @@ class LocalStore:
         """Tell pending jobs' supervisors that nodes were freed (SIGUSR2 = look again)."""
         for record in records.values():
             if record.state is JobState.PENDING and record.supervisor is not None:
-                local_procs.send(record.supervisor, _signal.SIGUSR2)
+                procs.send(record.supervisor, _signal.SIGUSR2)
 
     # ------------------------------------------------------------ log
     def log(self, event: str, **fields: object) -> None:

@@ -1,0 +1,330 @@
+"""`elastic-ray session ...`: look at and steer a running session from a shell.
+
+Every command opens the session directory like any other process of the run
+would (a CLI is one more holder of the Session), does one thing, and exits.
+The pure parts (options to a config, ``NAME=AMOUNT`` parsing, the status
+model and its rendering) are separate functions so they are tested without
+a scheduler; the commands are thin shells around the coordinator.
+
+Output rule: results go to stdout in a form a script can read (a job id, a
+state, JSON with ``--json``); progress and human context go to stderr, so
+``JOB=$(elastic-ray session add-worker ...)`` works. Errors are one line:
+exit status 2 for a bad argument, 1 for a failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from ..coordinator.session import Session
+from ..errors import ElasticRayError
+from ..protocol.records import is_job_id
+from ..scheduler.base import Scheduler
+from .options import OptionError, parse_ray_resources, worker_config
+from .status_model import build_status, job_sort_key
+from .status_view import format_duration, render_status
+
+# Extra listening for the head's heartbeat. The first observation already
+# waits up to the heartbeat's loss window for a beat, so this stays small.
+HEARTBEAT_WAIT = 0.5
+STATE_POLL = 0.5
+
+# =============================================================== effects: session access
+
+def _scheduler_override(ctx: click.Context) -> Scheduler | None:
+    """Tests (and embedding programs) may hand in a scheduler through ``obj``."""
+    obj = ctx.find_root().obj
+    return obj.get("scheduler") if isinstance(obj, dict) else None
+
+
+def open_session(path: Path, scheduler: Scheduler | None) -> Session:
+    """Open without background supervision: a CLI must never elect a head on its own."""
+    return Session.open(path, scheduler, supervise=False)
+
+
+def collect_status(session: Session, heartbeat_wait: float = HEARTBEAT_WAIT) -> dict[str, Any]:
+    """Read the session and ask the scheduler ONCE about all of its jobs."""
+    record = session.record()
+    extra = [*record.predecessors, *([record.successor] if record.successor else [])]
+    jobs = session.query(extra=extra)
+    nodes = {job: session.node_states(job) for job in sorted(set(jobs) | set(record.workers)
+                                                              | ({record.head_job} if record.head_job else set()))}
+    pointer = session.dir.read_ray_head()
+    endpoint = session.dir.read_head_endpoint(pointer) if pointer else None
+    observation = None
+    pointer_info = jobs.get(pointer) if pointer else None
+    # A heartbeat is only worth listening for from a head whose job still runs.
+    if endpoint is not None and (pointer_info is None or pointer_info.state.is_active):
+        try:
+            observation = session.observe_head(wait=heartbeat_wait)
+        except (ElasticRayError, OSError):
+            observation = None  # shown as "unknown"; the rest of the status still stands
+    return build_status(path=session.path, info=session.info, record=record, jobs=jobs, nodes=nodes,
+                        pointer=pointer, endpoint=endpoint, observation=observation, now=time.time())
+
+
+# =============================================================== effects: output and errors
+
+def _out() -> Console:
+    # Wide enough for the table when piped (a log, a test), natural width on a terminal.
+    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line: the first line of the message, a log tail replaced by its path."""
+    text = str(exc).strip() or type(exc).__name__
+    first = text.splitlines()[0]
+    return re.sub(r"last lines of (\S+):$", r"see \1", first)
+
+
+def failures_as_click(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Expected failures become one-line errors with exit status 1, never tracebacks."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except (ElasticRayError, TimeoutError, OSError, ValueError) as exc:
+            # ElasticRayError covers ConfigError, SessionDirError, SchedulerError,
+            # AllocationFailed; ValueError is what the Session raises for a bad handle.
+            raise click.ClickException(one_line(exc)) from None
+
+    return wrapper
+
+
+class Progress:
+    """A spinner with the latest progress text on a terminal; on anything else
+    (a log file, CI) each new text as a timestamped line on stderr."""
+
+    def __init__(self, console: Console, initial: str):
+        self.console = console
+        self.initial = initial
+        self._status: Any = None
+        self._last = ""
+
+    def __enter__(self) -> "Progress":
+        if self.console.is_terminal:
+            self._status = self.console.status(self.initial)
+            self._status.__enter__()
+        else:
+            self(self.initial)
+        return self
+
+    def __call__(self, text: str) -> None:
+        if text == self._last:
+            return
+        self._last = text
+        if self._status is not None:
+            self._status.update(text)
+        else:
+            self.console.print(f"{time.strftime('%H:%M:%S')} {text}", markup=False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.__exit__(*exc)
+
+
+def _session_path(ctx: click.Context, directory: Path) -> Session:
+    return open_session(directory, _scheduler_override(ctx))
+
+
+_DIR = click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+_POSITIVE = click.FloatRange(min=0, min_open=True)
+
+
+# =============================================================== commands
+
+@click.group("session")
+def session_group() -> None:
+    """Look at and change a running session (its directory is DIR)."""
+
+
+@session_group.command("status")
+@_DIR
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.pass_context
+@failures_as_click
+def status_cmd(ctx: click.Context, directory: Path, as_json: bool) -> None:
+    """The head and every worker allocation: Slurm state, nodes, Ray node ids,
+    time left, drain state, and whether the head's heartbeat is live.
+
+    Asks the scheduler once, however many allocations the session has.
+    """
+    session = _session_path(ctx, directory)
+    try:
+        status = collect_status(session)
+    finally:
+        session.close()
+    if as_json:
+        click.echo(json.dumps(status, indent=2, sort_keys=True))
+    else:
+        _out().print(render_status(status))
+
+
+def _ray_resources_callback(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, float]:
+    try:
+        return parse_ray_resources(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+@session_group.command("add-worker")
+@_DIR
+@click.option("--partition", help="Slurm partition (or a comma-separated list).")
+@click.option("--nodes", "num_nodes", type=int, help="Number of nodes.")
+@click.option("--gpus-per-node", type=int, help="GPUs on each node.")
+@click.option("--cpus-per-task", type=int, help="CPUs on each node (one task per node).")
+@click.option("--mem", help="Memory per node, e.g. 64G.")
+@click.option("--mem-per-cpu", help="Memory per CPU, e.g. 4G (instead of --mem).")
+@click.option("--time", "time_limit", help="Walltime, e.g. 2:00:00 or 1-00 (Slurm's forms).")
+@click.option("--time-min", help="Shortest walltime Slurm may grant (backfill).")
+@click.option("--signal", "signal_before_timeout", metavar="SIG@S",
+              help="Signal sent S seconds before the walltime, which starts the drain, e.g. TERM@600.")
+@click.option("--account", help="Slurm account.")
+@click.option("--qos", help="Slurm QoS.")
+@click.option("--reservation", help="Slurm reservation.")
+@click.option("--constraint", help="Slurm node features, e.g. a40|a100.")
+@click.option("--nodelist", help="Nodes to use (a Slurm host list).")
+@click.option("--exclude", help="Nodes to avoid (a Slurm host list).")
+@click.option("--sbatch-arg", "extra_sbatch_directives", multiple=True, metavar="--OPT[=VALUE]",
+              help="An extra sbatch option the session does not manage; repeatable.")
+@click.option("--ray-resource", "ray_resources", multiple=True, metavar="NAME=AMOUNT",
+              callback=_ray_resources_callback, help="A custom Ray resource on every node; repeatable.")
+@click.option("--ray-start-arg", "ray_start_args", multiple=True, metavar="--OPT[=VALUE]",
+              help="Passed to `ray start` last, so it wins; repeatable.")
+@click.option("--rejoin-timeout", type=float,
+              help="Seconds without a live head before the allocation gives itself up [default: 600].")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait until every node has joined the Ray cluster.")
+@click.option("--timeout", type=_POSITIVE, default=3600.0, show_default=True, help="Seconds --wait waits.")
+@click.pass_context
+@failures_as_click
+def add_worker_cmd(ctx: click.Context, directory: Path, wait: bool, timeout: float, **options: Any) -> None:
+    """Submit a worker allocation to the session and print its job id.
+
+    Options left out are inherited from the session's first worker
+    allocation (or its head). With --wait (the default) it then waits until
+    every node joined and prints one line per node: NODE RAY_NODE_ID.
+    """
+    try:
+        config = worker_config(options)
+    except OptionError as exc:
+        exc.ctx = ctx
+        raise
+    session = _session_path(ctx, directory)
+    err = _err()
+    try:
+        handle = session.add_worker_allocation(config)
+        click.echo(handle.job_id)
+        resolved = handle.config
+        err.print(f"submitted worker allocation {handle.job_id} "
+                  f"({resolved.num_nodes or 1} node(s) on {resolved.partition or 'the default partition'})",
+                  markup=False)
+        if not wait:
+            return
+        with Progress(err, f"job {handle.job_id}: waiting for its nodes to join") as progress:
+            joined = session.wait_for_worker_allocation(handle, timeout=timeout, progress=progress)
+        for node, node_id in joined.items():
+            click.echo(f"{node} {node_id}")
+    finally:
+        session.close()
+
+
+@session_group.command("remove-worker")
+@_DIR
+@click.argument("job")
+@click.option("--drain-timeout", type=_POSITIVE, default=900.0, show_default=True,
+              help="Seconds the nodes get to drain before they are stopped.")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait until the allocation has ended.")
+@click.pass_context
+@failures_as_click
+def remove_worker_cmd(ctx: click.Context, directory: Path, job: str, drain_timeout: float, wait: bool) -> None:
+    """Drain worker allocation JOB out of the Ray cluster (cancel it if it
+    still pends) and print its final Slurm state (with --no-wait: the state now)."""
+    if not is_job_id(job):
+        raise click.BadParameter(f"{job!r} is not a job id", ctx=ctx, param_hint="JOB")
+    session = _session_path(ctx, directory)
+    try:
+        if job not in session.record().workers:
+            raise click.BadParameter(f"job {job} is not a worker allocation of this session",
+                                     ctx=ctx, param_hint="JOB")
+        with Progress(_err(), f"job {job}: draining") as progress:
+            state = session.remove_worker_allocation(job, drain_timeout=drain_timeout, wait=wait,
+                                                     progress=progress)
+        click.echo(state)
+        if not wait:
+            _err().print(f"job {job}: drain requested; its nodes leave within {format_duration(drain_timeout)}",
+                         markup=False)
+    finally:
+        session.close()
+
+
+@session_group.command("replace-head")
+@_DIR
+@click.option("--timeout", type=_POSITIVE, default=3600.0, show_default=True,
+              help="Seconds to wait for a healthy head.")
+@click.pass_context
+@failures_as_click
+def replace_head_cmd(ctx: click.Context, directory: Path, timeout: float) -> None:
+    """Make sure the session has a healthy head, electing one if it has none;
+    print the head's job id and address.
+
+    A healthy head is left as it is. Safe to run next to other processes of
+    the run: they agree on one election.
+    """
+    session = _session_path(ctx, directory)
+    try:
+        with Progress(_err(), "checking the head") as progress:
+            head = session.replace_head(timeout=timeout, progress=progress)
+        click.echo(f"{head.job_id} {head.address}")
+    finally:
+        session.close()
+
+
+@session_group.command("teardown")
+@_DIR
+@click.option("--timeout", type=_POSITIVE, default=120.0, show_default=True,
+              help="Seconds to wait for every job to end after the cancel.")
+@click.pass_context
+@failures_as_click
+def teardown_cmd(ctx: click.Context, directory: Path, timeout: float) -> None:
+    """Cancel every job of the session, then wait until none is active."""
+    session = _session_path(ctx, directory)
+    try:
+        record = session.record()
+        extra = [*record.predecessors, *([record.successor] if record.successor else [])]
+        before = session.query(extra=extra)
+        cancelled = sorted((j for j, i in before.items() if i.state.is_active), key=job_sort_key)
+        session.teardown()
+        deadline = time.monotonic() + timeout
+        with Progress(_err(), f"cancelling {len(cancelled)} job(s)") as progress:
+            while True:
+                jobs = session.query(extra=extra)
+                active = sorted((j for j, i in jobs.items() if i.state.is_active), key=job_sort_key)
+                if not active:
+                    break
+                if time.monotonic() > deadline:
+                    raise click.ClickException(
+                        f"{len(active)} job(s) still active {timeout:.0f}s after the cancel: {', '.join(active)}")
+                progress(f"waiting for {len(active)} job(s) to end: {', '.join(active)}")
+                time.sleep(STATE_POLL)
+    finally:
+        session.close()
+    click.echo(f"cancelled {len(cancelled)} job(s); none of the session's {len(jobs)} job(s) is active")

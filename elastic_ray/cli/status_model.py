@@ -1,0 +1,149 @@
+"""The status model of ``elastic-ray session status``: one JSON-ready dict. Pure.
+
+Built from what one scheduler query answered, the session's records, the
+agents' published node states and one heartbeat observation, so the whole
+view is tested without a scheduler, a head or a terminal. Rendering it is
+``status_view``'s job; collecting the inputs is ``session``'s.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..coordinator.headwatch import HeadObservation
+from ..protocol.records import AllocationRecord, HeadEndpoint, SessionInfo, WorkerRecord
+from ..scheduler.base import JobInfo, JobState
+
+# An agent rewrites its node file at least every few seconds while it runs;
+# older than this (and not exited) it is shown as stale.
+AGENT_STALE_AFTER = 30.0
+ACTIVE_STATES = frozenset(s.value for s in JobState if s.is_active)
+
+
+def job_sort_key(job_id: str) -> tuple[int, str]:
+    return (int(job_id), job_id) if job_id.isdigit() else (sys.maxsize, job_id)
+
+
+def _time_left(info: JobInfo | None, now: float) -> float | None:
+    if info is None or not info.state.is_active:
+        return None
+    if info.time_left is not None:
+        return max(0.0, info.time_left)
+    if info.end_time is not None and math.isfinite(info.end_time) and info.state.is_running:
+        return max(0.0, info.end_time - now)
+    return None
+
+
+def _node_rows(info: JobInfo | None, states: Mapping[str, Mapping[str, Any]], now: float) -> list[dict[str, Any]]:
+    """One entry per node: the scheduler's node list, plus any node whose agent published a state."""
+    names = list(info.nodes) if info else []
+    names += sorted(n for n in states if n not in names)
+    rows = []
+    for name in names:
+        state = states.get(name) or {}
+        updated = state.get("updated_at")
+        age = now - updated if isinstance(updated, (int, float)) else None
+        exited = bool(state.get("exited"))
+        agent = state.get("state") if isinstance(state.get("state"), str) else None
+        rows.append({
+            "node": name,
+            "ray_node_id": state.get("node_id") if isinstance(state.get("node_id"), str) else None,
+            "agent_state": agent,
+            "agent_exited": exited,
+            # Stale only matters while the job runs; after it, the job's state says enough.
+            "agent_stale": (bool(agent) and not exited and age is not None and age > AGENT_STALE_AFTER
+                            and info is not None and info.state.is_active),
+            "agent_updated_age": None if age is None else round(age, 1),
+        })
+    return rows
+
+
+def _drain(worker: WorkerRecord | None) -> dict[str, Any] | None:
+    if worker is None:
+        return None
+    return {"state": worker.state, "requested_at": worker.drain_requested_at, "deadline": worker.drain_deadline}
+
+
+def _heartbeat(pointer: str | None, jobs: Mapping[str, JobInfo], endpoint: HeadEndpoint | None,
+               observation: HeadObservation | None) -> str:
+    if pointer is None:
+        return "no head"
+    info = jobs.get(pointer)
+    if info is not None and info.state.is_final:
+        return "job ended"
+    if endpoint is None:
+        return "not ready"
+    if observation is None or observation.job != pointer:
+        return "unknown"
+    return "live" if observation.alive else "silent"
+
+
+def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecord, jobs: Mapping[str, JobInfo],
+                 nodes: Mapping[str, Mapping[str, Mapping[str, Any]]], pointer: str | None,
+                 endpoint: HeadEndpoint | None, observation: HeadObservation | None,
+                 now: float) -> dict[str, Any]:
+    """Everything ``session status`` shows, as one JSON-ready dict. Pure.
+
+    ``jobs`` is the answer of one scheduler query; ``nodes`` maps a job id
+    to its agents' published states; ``pointer`` is what ``ray_head`` names;
+    ``observation`` is the head's heartbeat as observed (None if not asked).
+    A job the scheduler was not asked about is shown as ``UNKNOWN``.
+    """
+    roles: dict[str, str] = {}
+    for job in record.predecessors:
+        roles[job] = "head (replaced)"
+    if record.successor:
+        roles[record.successor] = "head (successor)"
+    for job in record.workers:
+        roles[job] = "worker"
+    if record.head_job:
+        roles[record.head_job] = "worker+head" if record.head_job in record.workers else "head"
+    if pointer and pointer not in roles:
+        roles[pointer] = "head (pointer)"
+    for job in jobs:
+        roles.setdefault(job, "unrecorded")
+
+    order = {"head": 0, "worker+head": 0, "head (pointer)": 1, "head (successor)": 2,
+             "head (replaced)": 3, "worker": 4, "unrecorded": 5}
+    rows = []
+    for job_id in sorted(roles, key=lambda j: (order[roles[j]], job_sort_key(j))):
+        job = jobs.get(job_id)
+        worker = record.workers.get(job_id)
+        config = worker.config if worker else {}
+        rows.append({
+            "role": roles[job_id],
+            "job_id": job_id,
+            "partition": (job.partition if job and job.partition else None) or config.get("partition"),
+            "state": job.state.value if job else "UNKNOWN",
+            "reason": job.reason if job else "",
+            "time_left": None if (left := _time_left(job, now)) is None else round(left, 1),
+            "nodes": _node_rows(job, nodes.get(job_id, {}), now),
+            "drain": _drain(worker),
+        })
+
+    heartbeat = _heartbeat(pointer, jobs, endpoint, observation)
+    age = observation.last_beat_age if observation is not None and observation.job == pointer else None
+    election = record.election
+    return {
+        "session": {"path": str(path), "job_name": info.job_name, "session_id": info.session_id,
+                    "scheduler": info.scheduler.get("kind")},
+        "head": {
+            "job_id": pointer,
+            "recorded_job_id": record.head_job,
+            "address": endpoint.address if endpoint else None,
+            "heartbeat": heartbeat,
+            "last_beat_age": None if age is None else round(age, 2),
+            "draining": bool(observation and observation.job == pointer and observation.draining),
+        },
+        "election": None if election is None else {
+            "claimant": election.claimant, "since": election.since, "expires": election.expires,
+            "live": election.is_live(now)},
+        "successor": record.successor,
+        "jobs": rows,
+        "active_jobs": sum(1 for r in rows if r["state"] in ACTIVE_STATES),
+        "observed_at": now,
+    }

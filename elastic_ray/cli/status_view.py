@@ -1,0 +1,103 @@
+"""How ``elastic-ray session status`` looks on a terminal: rich renderables. Pure.
+
+Takes the dict of ``status_model.build_status`` and nothing else, so the
+same model serves ``--json`` and the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .status_model import ACTIVE_STATES
+
+def format_duration(seconds: float | None) -> str:
+    """``4000`` -> ``"1h06m"``, ``75`` -> ``"1m15s"``; ``"-"`` for unknown."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s >= 86400:
+        return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+_STATE_STYLE = {"RUNNING": "green", "PENDING": "yellow", "COMPLETING": "yellow", "SUSPENDED": "yellow",
+                "COMPLETED": "dim", "UNKNOWN": "magenta", "ENDED_UNKNOWN": "magenta"}
+
+
+def _drain_text(drain: Mapping[str, Any] | None, job_state: str, now: float) -> str:
+    if drain is None:
+        return ""
+    deadline = drain.get("deadline")
+    # Once the job has ended its drain deadline no longer means anything.
+    if drain["state"] == "submitted" or deadline is None or job_state not in ACTIVE_STATES:
+        return drain["state"]
+    if deadline >= now:
+        return f"{drain['state']}, deadline in {format_duration(deadline - now)}"
+    return f"{drain['state']}, deadline passed {format_duration(now - deadline)} ago"
+
+
+def _agent_text(node: Mapping[str, Any]) -> str:
+    state = node["agent_state"] or "-"
+    if node["agent_exited"]:
+        return f"{state} (exited)"
+    if node["agent_stale"]:
+        return f"{state} (stale {format_duration(node['agent_updated_age'])})"
+    return state
+
+
+def render_status(status: Mapping[str, Any]) -> Group:
+    """The status as a header line, a head line and a table of every job. Pure (builds renderables)."""
+    now = status["observed_at"]
+    sess, head = status["session"], status["head"]
+    header = Text.assemble(("session ", "bold"), (sess["job_name"], "bold cyan"),
+                           f"  {sess['path']}  (scheduler {sess['scheduler']})")
+    head_line = Text("head: ", style="bold")
+    if head["job_id"] is None:
+        head_line.append("none")
+    else:
+        head_line.append(f"job {head['job_id']}")
+        head_line.append(f" at {head['address']}" if head["address"] else " (no address published)")
+        beat = head["heartbeat"]
+        style = {"live": "green", "silent": "red", "job ended": "red"}.get(beat, "yellow")
+        head_line.append(", heartbeat ")
+        head_line.append(beat, style=style)
+        if head["last_beat_age"] is not None and beat != "live":
+            head_line.append(f" (last {format_duration(head['last_beat_age'])} ago)")
+        if head["draining"]:
+            head_line.append(", draining", style="yellow")
+        if head["recorded_job_id"] not in (None, head["job_id"]):
+            head_line.append(f"; the record names job {head['recorded_job_id']}", style="yellow")
+    extra = []
+    if status["election"] is not None:
+        e = status["election"]
+        extra.append(Text(f"election by {e['claimant']} "
+                          + ("in progress" if e["live"] else "expired"), style="yellow"))
+
+    # No vertical rules: the table stays readable when grepped or piped.
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("role", "job", "partition", "state", "nodes", "ray node id", "agent", "time left", "drain"):
+        table.add_column(column, no_wrap=column in ("job", "state", "ray node id"))
+    for row in status["jobs"]:
+        nodes = row["nodes"]
+        state = Text(row["state"], style=_STATE_STYLE.get(row["state"], "red"))
+        if row["reason"] and row["state"] == "PENDING":
+            state.append(f" ({row['reason']})", style="dim")
+        table.add_row(
+            row["role"], row["job_id"], row["partition"] or "-", state,
+            "\n".join(n["node"] for n in nodes) or "-",
+            "\n".join((n["ray_node_id"] or "-")[:12] for n in nodes) or "-",
+            "\n".join(_agent_text(n) for n in nodes) or "-",
+            format_duration(row["time_left"]),
+            _drain_text(row["drain"], row["state"], now),
+        )
+    return Group(header, head_line, *extra, table)
