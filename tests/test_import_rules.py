@@ -1,0 +1,146 @@
+"""The import rule between the package's rooms, checked from the source.
+
+Rooms are the first-level packages of ``elastic_ray``. Why the rule exists:
+the agent runs on every node of every job and must stay small and
+independent of the coordinator; ``protocol`` is the contract both sides
+share, so it may depend on neither; the scheduler backends are used by the
+coordinator and the CLI and must not call back into them; only
+``elastic_ray.dagster`` may import Dagster, so the core installs and runs
+without it; and the agent never imports Ray (75 MB of memory per node),
+except in the short-lived GCS probe process.
+
+Every import counts: module-level ones, the lazy ones inside functions,
+``TYPE_CHECKING`` blocks, and ``importlib.import_module("...")`` /
+``__import__("...")`` with a literal name. The checker is a pure function
+over ``{relative path: source}`` so that its own tests can show it catches
+each kind of violation.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "elastic_ray"
+
+# room -> rooms (or third-party top-level packages) it must never import.
+NEVER: Mapping[str, frozenset[str]] = {
+    "agent": frozenset({"coordinator", "dagster", "cli", "demo", "ray"}),
+    "protocol": frozenset({"agent", "coordinator", "scheduler", "dagster", "cli", "demo", "ray"}),
+    "scheduler": frozenset({"agent", "coordinator", "dagster", "cli", "demo", "ray"}),
+    "config": frozenset({"agent", "coordinator", "scheduler", "protocol", "dagster", "cli", "demo", "ray"}),
+    "coordinator": frozenset({"dagster", "cli", "demo"}),
+    "cli": frozenset({"dagster"}),
+    "demo": frozenset({"dagster"}),
+}
+# Third-party packages that only one room may import.
+OWNED_THIRD_PARTY: Mapping[str, str] = {"dagster": "dagster", "dagster_pipes": "dagster"}
+# Files that run as their own process (never imported by their room's code),
+# with the third-party packages they may import for that reason.
+SEPARATE_PROCESSES: Mapping[str, frozenset[str]] = {
+    "agent/gcs_probe.py": frozenset({"ray"}),
+}
+
+
+def imported_names(source: str, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
+    """Yield (line, absolute module name) for every import in ``source``.
+
+    ``module`` is the dotted name of the file (``elastic_ray.agent.runner``)
+    so relative imports can be resolved.
+    """
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            yield node.lineno, target
+            # ``from elastic_ray import coordinator`` imports a room too.
+            for alias in node.names:
+                yield node.lineno, f"{target}.{alias.name}"
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ("import_module", "__import__") and node.args:
+                arg = node.args[0]
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    yield node.lineno, arg.value
+
+
+def room_of(relative: str) -> str | None:
+    parts = Path(relative).parts
+    return parts[0] if len(parts) > 1 else None
+
+
+def violations(sources: Mapping[str, str]) -> list[str]:
+    """Every broken rule in a tree given as ``{path relative to elastic_ray/: source}``."""
+    found = []
+    for relative, source in sorted(sources.items()):
+        path = Path(relative)
+        is_package = path.name == "__init__.py"
+        dotted = ["elastic_ray", *path.parent.parts] + ([] if is_package else [path.stem])
+        room = room_of(relative)
+        allowed_extra = SEPARATE_PROCESSES.get(relative, frozenset())
+        for line, name in imported_names(source, ".".join(dotted), is_package):
+            parts = name.split(".")
+            if parts[0] == "elastic_ray" and len(parts) > 1:
+                target_room = parts[1]
+                if room and target_room in NEVER.get(room, ()) and target_room != room:
+                    found.append(f"{relative}:{line}: {room} imports {name}")
+            elif parts[0] in OWNED_THIRD_PARTY and room != OWNED_THIRD_PARTY[parts[0]]:
+                found.append(f"{relative}:{line}: only {OWNED_THIRD_PARTY[parts[0]]} may import {parts[0]}")
+            elif room and parts[0] in NEVER.get(room, ()) and parts[0] not in allowed_extra:
+                found.append(f"{relative}:{line}: {room} imports {name}")
+    return found
+
+
+def package_sources() -> dict[str, str]:
+    return {str(p.relative_to(PACKAGE)): p.read_text() for p in PACKAGE.rglob("*.py")}
+
+
+def test_the_package_keeps_the_import_rule():
+    broken = violations(package_sources())
+    assert not broken, "import rule broken:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("relative, source, expected", [
+    ("agent/runner.py", "from ..coordinator import session\n", "agent imports elastic_ray.coordinator"),
+    ("agent/runner.py", "def f():\n    from elastic_ray.coordinator.session import Session\n",
+     "agent imports elastic_ray.coordinator.session"),
+    ("agent/runner.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..coordinator import x\n",
+     "agent imports elastic_ray.coordinator"),
+    ("agent/runner.py", "import importlib\nm = importlib.import_module('elastic_ray.coordinator.session')\n",
+     "agent imports elastic_ray.coordinator.session"),
+    ("agent/runner.py", "from elastic_ray import coordinator\n", "agent imports elastic_ray.coordinator"),
+    ("agent/runner.py", "def f():\n    import ray\n", "agent imports ray"),
+    ("protocol/records.py", "from ..scheduler.base import JobState\n", "protocol imports elastic_ray.scheduler"),
+    ("protocol/records.py", "from ..agent import machine\n", "protocol imports elastic_ray.agent"),
+    ("scheduler/slurm.py", "from ..coordinator import election\n", "scheduler imports elastic_ray.coordinator"),
+    ("scheduler/local/job.py", "from ...agent import runner\n", "scheduler imports elastic_ray.agent"),
+    ("coordinator/session.py", "import dagster\n", "only dagster may import dagster"),
+    ("coordinator/session.py", "from ..dagster import x\n", "coordinator imports elastic_ray.dagster"),
+    ("errors.py", "import dagster_pipes\n", "only dagster may import dagster_pipes"),
+    ("config/allocation.py", "from ..protocol.records import is_job_id\n", "config imports elastic_ray.protocol"),
+])
+def test_the_checker_catches_each_kind_of_violation(relative, source, expected):
+    found = violations({relative: source})
+    assert any(expected in v for v in found), found
+
+
+@pytest.mark.parametrize("relative, source", [
+    ("coordinator/session.py", "from ..agent import ray_args\nfrom ..scheduler.base import JobState\n"),
+    ("agent/runner.py", "from ..protocol.records import HeadEndpoint\nfrom ..config import RayLauncher\n"),
+    ("agent/gcs_probe.py", "def f():\n    import ray\n"),
+    ("dagster/compute.py", "import dagster\nfrom ..coordinator.session import Session\n"),
+    ("agent/machine.py", "from .ray_args import build_ray_start\n"),
+])
+def test_the_checker_accepts_what_the_rule_allows(relative, source):
+    assert violations({relative: source}) == []
