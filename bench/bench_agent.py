@@ -98,6 +98,12 @@ def poll(predicate, timeout: float, interval: float = 0.1):
     raise TimeoutError("bench: condition not met in time")
 
 
+def _one_state(session: Session, job: str) -> dict:
+    """The one node's published state of a single-node job, as written; {} until there is one."""
+    state = next(iter(session.node_states(job).values()), None)
+    return state.to_dict() if state is not None else {}
+
+
 def slurm(*argv: str) -> str:
     return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
 
@@ -137,7 +143,7 @@ def ours_run(session: Session, watch: GcsWatch) -> dict:
         if alive_at is None and watch.alive_job(job):
             alive_at = time.time()
         if joined_at is None:
-            state = next(iter(session.node_states(job).values()), {})
+            state = _one_state(session, job)
             if state.get("state") == "JOINED":
                 joined_at = time.time()
         time.sleep(0.1)
@@ -155,9 +161,8 @@ def ours_run(session: Session, watch: GcsWatch) -> dict:
 def idle_usage(session: Session, seconds: float) -> dict:
     handle = session.add_worker_allocation(SlurmWorkerAllocationConfig(
         partition=PARTITION, num_nodes=1, cpus_per_task=CPUS, gpus_per_node=0, mem="1G", time_limit="10"))
-    state = poll(lambda: (s := next(iter(session.node_states(handle.job_id).values()), {})).get("state") == "JOINED"
-                 and s, 120)
-    head_state = next(iter(session.node_states(session.dir.read_ray_head()).values()))
+    state = poll(lambda: (s := _one_state(session, handle.job_id)).get("state") == "JOINED" and s, 120)
+    head_state = _one_state(session, session.dir.read_ray_head())
     procs = {"worker agent": psutil.Process(state["pid"]), "head agent": psutil.Process(head_state["pid"])}
     time.sleep(5)  # let the join settle before the window opens
     before = {k: (p.cpu_times(), time.time()) for k, p in procs.items()}

@@ -444,10 +444,10 @@ def ours_run(index: int, base: Path) -> dict[str, Any]:
                     poller.start()
             if new_head is not None and t_joined is None:
                 states = session.node_states(worker.job_id)
-                if states and all(s.get("state") == "JOINED" and s.get("head_job") == new_head
+                if states and all(s.state.value == "JOINED" and s.head_job == new_head
                                   for s in states.values()):
                     t_joined = time.time()
-                    result["joined_ids"] = sorted(s.get("node_id") for s in states.values())
+                    result["joined_ids"] = sorted(s.node_id for s in states.values())
             if t_joined is not None and poller is not None and not poller.is_alive():
                 break
             time.sleep(0.05)

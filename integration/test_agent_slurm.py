@@ -110,8 +110,8 @@ class LabRun:
     def state(self, name_or_job: str) -> dict[str, Any]:
         """The one node's published state of a (single-node) allocation; {} until there is one."""
         job = self.workers[name_or_job].job_id if name_or_job in self.workers else name_or_job
-        states = self.session.node_states(job)
-        return next(iter(states.values()), {})
+        state = next(iter(self.session.node_states(job).values()), None)
+        return state.to_dict() if state is not None else {}
 
     def wait_state(self, name: str, predicate, timeout: float, what: str) -> dict[str, Any]:
         return wait_until(lambda: (s := self.state(name)) and predicate(s) and s, timeout, 0.2,

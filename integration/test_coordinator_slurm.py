@@ -24,6 +24,7 @@ from elastic_ray import (
     SlurmWorkerAllocationConfig,
 )
 from elastic_ray.config.launcher import RayLauncher
+from elastic_ray.protocol.records import AgentState
 from tests.helpers import committed_units as committed, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.timeout(600)]
@@ -127,7 +128,7 @@ def test_failover_loop_on_slurm(make_session):
     head = session.replace_head(timeout=240)
     t_elected = time.monotonic()
     assert head.job_id == worker.job_id, "a running worker allocation is elected, not a queued new head"
-    wait_until(lambda: any(s.get("state") == "JOINED" and s.get("head_job") == head.job_id
+    wait_until(lambda: any(s.state is AgentState.JOINED and s.head_job == head.job_id
                            for s in session.node_states(worker.job_id).values()),
                timeout=120, message="the worker did not rejoin the new head")
     t_rejoined = time.monotonic()

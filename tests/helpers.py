@@ -7,10 +7,13 @@ says what it waited for and what it saw last.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+
+from elastic_ray.protocol.records import AgentState, NodeState
 
 T = TypeVar("T")
 
@@ -111,3 +114,13 @@ def marker_events(path: str | Path) -> list[tuple[str, str, str, str, float]]:
 def committed_units(path: Path) -> list[int]:
     """Units a payload committed to ``path`` (one number per line), in order."""
     return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def node_state(job_id: str = "5", node: str = "cpu-1", state: str = "JOINED", **overrides) -> NodeState:
+    """A well-formed NodeState for tests; ``overrides`` set any other field."""
+    fields = dict(session="/s", job_id=job_id, node=node, node_ip="10.0.0.1", role="worker",
+                  state=AgentState(state), since=1_800_000_000.0, max_restarts=3, rejoin_timeout=600.0,
+                  started_at=1_800_000_000.0, updated_at=1_800_000_000.0, pid=os.getpid(),
+                  control="tcp://10.0.0.1:4000")
+    fields.update(overrides)
+    return NodeState(**fields)

@@ -124,7 +124,9 @@ def shared(tmp_path_factory):
 
 
 def one_state(session: Session, job: str) -> dict:
-    return next(iter(session.node_states(job).values()), {})
+    """The one node's published state as the agent wrote it; {} until there is one."""
+    state = next(iter(session.node_states(job).values()), None)
+    return state.to_dict() if state is not None else {}
 
 
 def processes_naming(fragment: str) -> list[psutil.Process]:

@@ -48,7 +48,7 @@ from elastic_ray.protocol.records import (
 from elastic_ray.protocol.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobInfo, JobSpec, JobState
 from elastic_ray.scheduler.local import LocalScheduler
-from tests.helpers import wait_until
+from tests.helpers import node_state, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -188,11 +188,11 @@ def _fabricated():
         "30": JobInfo("30", "er-test", JobState.RUNNING, partition="cpu", nodes=("cpu-2",)),
     }
     nodes = {
-        "20": {"cpu-1": {"state": "JOINED", "node_id": "h" * 56, "updated_at": NOW - 1}},
-        "21": {"gpua-1": {"state": "JOINED", "node_id": "a" * 56, "updated_at": NOW - 2},
-               "gpua-2": {"state": "RESTART_BACKOFF", "node_id": None, "updated_at": NOW - 60}},
-        "22": {"gpub-1": {"state": "DRAINING", "node_id": "b" * 56, "updated_at": NOW - 1}},
-        "23": {"cpu-2": {"state": "LEFT", "node_id": "c" * 56, "exited": True, "updated_at": NOW - 900}},
+        "20": {"cpu-1": node_state("20", "cpu-1", "JOINED", node_id="h" * 56, updated_at=NOW - 1)},
+        "21": {"gpua-1": node_state("21", "gpua-1", "JOINED", node_id="a" * 56, updated_at=NOW - 2),
+               "gpua-2": node_state("21", "gpua-2", "RESTART_BACKOFF", node_id=None, updated_at=NOW - 60)},
+        "22": {"gpub-1": node_state("22", "gpub-1", "DRAINING", node_id="b" * 56, updated_at=NOW - 1)},
+        "23": {"cpu-2": node_state("23", "cpu-2", "LEFT", node_id="c" * 56, exited=True, updated_at=NOW - 900)},
     }
     endpoint = HeadEndpoint(job_id="20", host="cpu-1", address="10.0.0.1:6379", ray_version="2.60.0",
                             started_at=NOW - 500, ports={"heartbeat": 7000})
@@ -367,6 +367,23 @@ def test_status_json_parses(sleepy):
         sleepy["head"]: ("head", "RUNNING"), sleepy["worker"]: ("worker", "RUNNING")}
     assert status["head"]["job_id"] == sleepy["head"] and status["head"]["heartbeat"] == "not ready"
     assert status["active_jobs"] == 2
+
+
+def test_status_reads_published_node_states_and_a_damaged_one_is_unknown(sleepy):
+    directory, scheduler = sleepy["dir"], sleepy["scheduler"]
+    jobs = scheduler.query(sleepy["job_name"], [sleepy["head"], sleepy["worker"]])
+    worker_node, head_node = jobs[sleepy["worker"]].nodes[0], jobs[sleepy["head"]].nodes[0]
+    directory.write_node_state(node_state(sleepy["worker"], worker_node, "JOINED", node_id="w" * 56,
+                                          updated_at=time.time()))
+    (directory.job_dir(sleepy["head"]) / "nodes").mkdir(parents=True)
+    (directory.job_dir(sleepy["head"]) / "nodes" / f"{head_node}.json").write_text('{"state": "JOINED"}')
+    result = _run(sleepy, "status", str(directory.path), "--json")
+    assert result.exit_code == 0, result.output
+    rows = {r["job_id"]: r["nodes"] for r in json.loads(result.stdout)["jobs"]}
+    (worker,) = rows[sleepy["worker"]]
+    assert (worker["node"], worker["agent_state"], worker["ray_node_id"]) == (worker_node, "JOINED", "w" * 56)
+    (head,) = rows[sleepy["head"]]
+    assert (head["node"], head["agent_state"], head["ray_node_id"]) == (head_node, None, None)
 
 
 def test_status_without_a_scheduler_handed_in_opens_the_sessions_own(sleepy):

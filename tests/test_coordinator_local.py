@@ -14,6 +14,7 @@ import pytest
 from elastic_ray import SlurmAllocationEnded, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.coordinator.session import Session
 from elastic_ray.config.launcher import RayLauncher
+from elastic_ray.protocol.records import AgentState
 from tests.helpers import committed_units as committed, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -73,7 +74,7 @@ def test_failover_loop_commits_every_unit_exactly_once(session, tmp_path):
     # The worker allocation hosts the head now: no new allocation was queued.
     assert head.job_id == worker.job_id
     assert first_head in session.record().predecessors
-    wait_until(lambda: any(s.get("state") == "JOINED" and s.get("head_job") == head.job_id
+    wait_until(lambda: any(s.state is AgentState.JOINED and s.head_job == head.job_id
                            for s in session.node_states(worker.job_id).values()),
                timeout=90, message="the worker did not rejoin the new head")
     t_rejoined = time.monotonic()

@@ -27,6 +27,7 @@ from elastic_ray.protocol.records import (
     WorkerRecord,
 )
 from elastic_ray.protocol.session_dir import SessionDir
+from tests.helpers import node_state
 
 
 def make_info(**overrides) -> SessionInfo:
@@ -72,8 +73,28 @@ def test_open_refuses_another_protocol_version(session):
     data = read_json(session.session_file)
     data["protocol_version"] = 99
     atomic_write_json(session.session_file, data)
-    with pytest.raises(CorruptFileError, match="protocol_version 99"):
+    with pytest.raises(CorruptFileError, match="protocol_version 99") as info:
         session.info()
+    assert "session.json" in str(info.value)
+    assert "written by a newer elastic-ray (protocol 99); this one speaks protocol 1; upgrade" in str(info.value)
+
+
+@pytest.mark.parametrize("version", [0, -1, "1", 1.0, True, None])
+def test_a_protocol_version_that_is_no_version_is_refused(session, version):
+    data = read_json(session.session_file)
+    data["protocol_version"] = version
+    atomic_write_json(session.session_file, data)
+    with pytest.raises(CorruptFileError, match="protocol_version"):
+        session.info()
+
+
+def test_a_newer_allocation_record_is_refused_not_overwritten(session):
+    data = read_json(session.allocation_file)
+    data["protocol_version"] = 2
+    atomic_write_json(session.allocation_file, data)
+    with pytest.raises(CorruptFileError, match=r"newer elastic-ray \(protocol 2\).*upgrade"):
+        session.update_allocation(add_worker("7"))
+    assert read_json(session.allocation_file)["protocol_version"] == 2
 
 
 def add_worker(job_id: str):
@@ -219,13 +240,36 @@ def test_head_endpoint_round_trip_and_damage(session):
         session.write_head_endpoint(replace(endpoint, address="10.0.0.1:99999"))
 
 
-def test_node_states_skip_damaged_files(session):
-    session.write_node_state("5", "cpu-1", {"state": "JOINED"})
-    session.write_node_state("5", "cpu-2", {"state": "STARTING"})
-    (session.job_dir("5") / "nodes" / "cpu-3.json").write_text("{broken")
-    assert session.read_node_states("5") == {"cpu-1": {"state": "JOINED"}, "cpu-2": {"state": "STARTING"}}
-    with pytest.raises(ValueError):
-        session.write_node_state("5", "../x", {})
+def test_node_states_round_trip_and_skip_damaged_files(session):
+    joined, starting = node_state("5", "cpu-1", "JOINED"), node_state("5", "cpu-2", "STARTING")
+    session.write_node_state(joined)
+    session.write_node_state(starting)
+    nodes = session.job_dir("5") / "nodes"
+    (nodes / "cpu-3.json").write_text("{broken")
+    atomic_write_json(nodes / "cpu-4.json", {**joined.to_dict(), "node": "cpu-4", "state": "SLEEPING"})
+    atomic_write_json(nodes / "cpu-5.json", {**joined.to_dict(), "node": "cpu-5", "protocol_version": 2})
+    assert session.read_node_states("5") == {"cpu-1": joined, "cpu-2": starting}
+    with pytest.raises(ValueError, match="node"):
+        session.write_node_state(replace(joined, node="../x"))
+    with pytest.raises(ValueError, match="restarts"):
+        session.write_node_state(replace(joined, restarts=-1))  # never written if it could not be read back
+
+
+def test_a_node_file_that_names_another_job_or_node_is_unknown(session):
+    session.write_node_state(node_state("5", "cpu-1"))
+    nodes = session.job_dir("5") / "nodes"
+    atomic_write_json(nodes / "cpu-2.json", node_state("5", "cpu-1").to_dict())   # copied by hand
+    atomic_write_json(nodes / "cpu-3.json", node_state("6", "cpu-3").to_dict())
+    assert list(session.read_node_states("5")) == ["cpu-1"]
+
+
+def test_a_node_file_written_before_the_protocol_version_is_read(session):
+    state = node_state("5", "cpu-1")
+    old = state.to_dict()
+    del old["protocol_version"]
+    session.job_dir("5").joinpath("nodes").mkdir(parents=True)
+    atomic_write_json(session.job_dir("5") / "nodes" / "cpu-1.json", old)
+    assert session.read_node_states("5") == {"cpu-1": state}
 
 
 def test_job_dir_refuses_path_tricks(session):

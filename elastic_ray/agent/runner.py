@@ -37,7 +37,7 @@ from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
 from ..atomic import read_json
 from ..protocol.channel import ControlClient, ControlError, ControlServer, HeartbeatPublisher, HeartbeatSubscriber
-from ..protocol.records import HeadEndpoint
+from ..protocol.records import AgentState, HeadEndpoint, HostedHead, NodeState, RequestCounts, Transition
 from ..protocol.session_dir import SessionDir
 from ..scheduler.base import JobState
 from . import gcs
@@ -840,40 +840,46 @@ class Agent:
         self._next_status = 0.0
 
     # ------------------------------------------------------------ status
-    def _status(self) -> dict[str, Any]:
+    def _node_state(self) -> NodeState:
+        """What this agent publishes: the session's node file, the node-local status file."""
         c = self.ctx
         handle = self.ray
         raylet = handle.raylet if handle is not None else None
-        return {
-            "session": str(self.session.path), "job_id": self.o.job_id, "node": self.o.node,
-            "node_ip": self.o.node_ip, "node_index": self.o.node_index, "role": self.o.role,
-            "state": c.state.value, "reason": c.reason, "since": c.since,
-            "head_job": c.head_job, "head_address": c.head_address, "node_id": c.node_id,
-            "ports": dict(handle.ports) if handle else {},
-            "ray_pid": handle.node.pid if handle else None, "raylet_pid": raylet.pid if raylet else None,
-            "temp_dir": handle.temp_dir if handle else None,
-            "ray_address": handle.address if handle else None,
-            "restarts": c.restarts, "failures": c.failures, "max_restarts": c.settings.max_restarts,
-            "next_retry_at": c.next_retry_at, "gave_up_on": c.gave_up_on, "drain_deadline": c.drain_deadline,
-            "no_head_since": c.no_head_since, "rejoin_timeout": c.settings.rejoin_timeout,
-            "started_at": self.started_at, "updated_at": time.time(),
-            "pid": os.getpid(), "pid_create_time": self.pid_create_time, "control": self.control.endpoint,
-            "requests": {"accepted": self.control.accepted, "rejected": sum(self.control.rejected.values()),
-                         "rejected_by_reason": dict(self.control.rejected)},
-            "hosted_head": self.hosted_state, "history": list(c.history[-5:]),
-            "handover_deadline": self._handover[1] if self._handover else None,
-            "transitions": list(self.transitions)[-20:],
-            "exited": self._exit_code is not None, "exit_code": self._exit_code,
-        }
+        return NodeState(
+            session=str(self.session.path), job_id=self.o.job_id, node=self.o.node,
+            node_ip=self.o.node_ip, node_index=self.o.node_index, role=self.o.role,
+            state=AgentState(c.state.value), reason=c.reason, since=c.since,
+            head_job=c.head_job, head_address=c.head_address, node_id=c.node_id,
+            ports=dict(handle.ports) if handle else {},
+            ray_pid=handle.node.pid if handle else None, raylet_pid=raylet.pid if raylet else None,
+            temp_dir=handle.temp_dir if handle else None,
+            ray_address=handle.address if handle else None,
+            restarts=c.restarts, failures=c.failures, max_restarts=c.settings.max_restarts,
+            next_retry_at=c.next_retry_at, gave_up_on=c.gave_up_on, drain_deadline=c.drain_deadline,
+            no_head_since=c.no_head_since, rejoin_timeout=c.settings.rejoin_timeout,
+            started_at=self.started_at, updated_at=time.time(),
+            pid=os.getpid(), pid_create_time=self.pid_create_time, control=self.control.endpoint,
+            requests=RequestCounts(accepted=self.control.accepted, rejected=sum(self.control.rejected.values()),
+                                   rejected_by_reason=dict(self.control.rejected)),
+            hosted_head=HostedHead.from_dict(self.hosted_state) if self.hosted_state else None,
+            history=tuple(c.history[-5:]),
+            handover_deadline=self._handover[1] if self._handover else None,
+            transitions=tuple(Transition.from_dict(t) for t in list(self.transitions)[-20:]),
+            exited=self._exit_code is not None, exit_code=self._exit_code,
+        )
+
+    def _status(self) -> dict[str, Any]:
+        """The node state as the control channel's ``status`` reply carries it."""
+        return self._node_state().to_dict()
 
     def _publish_status(self, force_session: bool = False) -> None:
-        status = self._status()
         self._next_status = time.time() + REFRESH_SECONDS
         try:
-            write_status(self.status_file, status)
+            state = self._node_state()
+            write_status(self.status_file, state)
             if force_session:
-                self.session.write_node_state(self.o.job_id, self.o.node, status)
-        except OSError as exc:
+                self.session.write_node_state(state)
+        except (OSError, ValueError) as exc:  # ValueError: a state the record refuses; a bug, never fatal
             log.warning("event=status_write_failed job=%s node=%s error=%s", self.o.job_id, self.o.node, exc)
 
     # ------------------------------------------------------------ shutdown

@@ -6,6 +6,10 @@ those files, so it works without arguments, needs no session path, and
 still answers when an agent is hung or dead: it then says so, judging by
 the recorded PID (with its start time, since PIDs are reused) and by how old
 the file is.
+
+A status file holds the same record the agent publishes in the session
+directory (:class:`NodeState`), read and validated the same way; one that
+fails validation is shown as unreadable, never trusted in part.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import psutil
 
 from ..atomic import atomic_write_json, read_json
+from ..protocol.records import AgentState, NodeState
 
 # An agent rewrites its file at least this often while it runs; a live PID
 # with an older file means the agent is stuck.
@@ -41,45 +46,46 @@ def status_path(job_id: str, node: str, pid: int) -> Path:
     return runtime_dir() / f"{job_id}.{node}.{pid}.json"
 
 
-def write_status(path: Path, status: dict[str, Any]) -> None:
+def write_status(path: Path, state: NodeState) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    atomic_write_json(path, status, mode=0o644)
+    atomic_write_json(path, state.to_dict(), mode=0o644)
 
 
 @dataclass(frozen=True)
 class AgentView:
-    """One agent as ``status`` reports it."""
+    """One agent as ``status`` reports it: its record, or why there is none."""
 
-    status: dict[str, Any]
-    liveness: str  # "running", "not responding", "exited", "dead"
+    status: NodeState | None
+    liveness: str  # "running", "not responding", "exited", "dead"; "unknown" without a record
     path: Path
+    error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.status, "liveness": self.liveness, "status_file": str(self.path)}
+        shown = self.status.to_dict() if self.status is not None else {"error": self.error}
+        return {**shown, "liveness": self.liveness, "status_file": str(self.path)}
 
 
-def judge_liveness(status: dict[str, Any], now: float, pid_alive: bool) -> str:
+_ENDED = frozenset({AgentState.LEFT, AgentState.RELEASED, AgentState.FAILED})
+
+
+def judge_liveness(status: NodeState, now: float, pid_alive: bool) -> str:
     """Pure: what the recorded status plus the PID check say about an agent."""
-    state = str(status.get("state", ""))
-    if state in ("LEFT", "RELEASED", "FAILED") and status.get("exited"):
+    if status.state in _ENDED and status.exited:
         return "exited"
     if not pid_alive:
         return "dead"
-    updated = status.get("updated_at")
-    if isinstance(updated, (int, float)) and now - updated > HUNG_AFTER_SECONDS:
+    if now - status.updated_at > HUNG_AFTER_SECONDS:
         return "not responding"
     return "running"
 
 
-def _pid_alive(status: dict[str, Any]) -> bool:
-    pid, created = status.get("pid"), status.get("pid_create_time")
-    if not isinstance(pid, int):
-        return False
+def _pid_alive(status: NodeState) -> bool:
     try:
-        proc = psutil.Process(pid)
+        proc = psutil.Process(status.pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        return not isinstance(created, (int, float)) or abs(proc.create_time() - created) < 1.0
+        created = status.pid_create_time
+        return created is None or abs(proc.create_time() - created) < 1.0
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
@@ -90,14 +96,11 @@ def collect(directory: Path | None = None, now: float | None = None) -> list[Age
     views: list[AgentView] = []
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         try:
-            data = read_json(path)
-        except Exception as exc:  # a damaged file is reported, not fatal
-            views.append(AgentView({"error": f"unreadable status file: {exc}"}, "unknown", path))
+            state = NodeState.from_dict(read_json(path))
+        except Exception as exc:  # a damaged (or newer elastic-ray's) file is reported, not fatal
+            views.append(AgentView(None, "unknown", path, error=f"unreadable status file: {exc}"))
             continue
-        if not isinstance(data, dict):
-            views.append(AgentView({"error": "status file is not an object"}, "unknown", path))
-            continue
-        views.append(AgentView(data, judge_liveness(data, now, _pid_alive(data)), path))
+        views.append(AgentView(state, judge_liveness(state, now, _pid_alive(state)), path))
     return views
 
 
@@ -114,10 +117,6 @@ def _age(seconds: float | None) -> str:
 
 def _clock(when: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(when))
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _when(at: float | None, now: float) -> str:
@@ -140,11 +139,10 @@ def select(views: list[AgentView], *, job: str | None = None, show_all: bool = F
     now = time.time() if now is None else now
     shown, hidden = [], 0
     for view in views:
-        if job is not None and str(view.status.get("job_id")) != job:
+        if job is not None and (view.status is None or view.status.job_id != job):
             continue
-        updated = _number(view.status.get("updated_at"))
-        if (not show_all and view.liveness == "exited" and updated is not None
-                and now - updated > RECENT_EXIT_SECONDS):
+        if (not show_all and view.liveness == "exited" and view.status is not None
+                and now - view.status.updated_at > RECENT_EXIT_SECONDS):
             hidden += 1
             continue
         shown.append(view)
@@ -162,71 +160,56 @@ def render_text(views: list[AgentView], now: float | None = None, hidden: int = 
     lines = []
     for view in views:
         s = view.status
-        if "error" in s:
-            lines.append(f"{view.path.name}: {s['error']}")
+        if s is None:
+            lines.append(f"{view.path.name}: {view.error}")
             continue
-        role = s.get("role")
-        ports = s.get("ports") or {}
-        port_text = " ".join(f"{k}={v}" for k, v in sorted(ports.items()) if v) or "-"
-        since = _number(s.get("since"))
-        state = f"{s.get('state')}" + (f" for {_age(now - since)}" if since is not None else "")
-        if role == "head":
-            head = f"{s.get('head_job') or '-'} (this agent's own job) at {s.get('ray_address') or '-'}"
+        port_text = " ".join(f"{k}={v}" for k, v in sorted(s.ports.items()) if v) or "-"
+        state = f"{s.state.value} for {_age(now - s.since)}"
+        if s.role == "head":
+            head = f"{s.head_job or '-'} (this agent's own job) at {s.ray_address or '-'}"
         else:
-            head = f"{s.get('head_job') or '-'} at {s.get('head_address') or '-'}"
-        ray = s.get("node_id") or "-"
-        pids = [f"{name} pid {s[key]}" for name, key in (("ray start", "ray_pid"), ("raylet", "raylet_pid"))
-                if s.get(key)]
+            head = f"{s.head_job or '-'} at {s.head_address or '-'}"
+        ray = s.node_id or "-"
+        pids = [f"{name} pid {pid}" for name, pid in (("ray start", s.ray_pid), ("raylet", s.raylet_pid)) if pid]
         if pids:
             ray += f" ({', '.join(pids)})"
-        restarts = f"{s.get('restarts', 0)} (Ray ended {s.get('failures', 0)} times under this head"
-        if s.get("max_restarts") is not None:
-            restarts += f"; {s.get('max_restarts')} restarts allowed"
-        restarts += ")"
-        retry = _number(s.get("next_retry_at"))
-        if retry is not None:
-            restarts += f", next start {_when(retry, now)}"
-        if s.get("gave_up_on"):
-            restarts += f"; gave up on head {s.get('gave_up_on')}"
-        drain = _number(s.get("drain_deadline"))
-        no_head = _number(s.get("no_head_since"))
-        started, updated = _number(s.get("started_at")), _number(s.get("updated_at"))
+        restarts = (f"{s.restarts} (Ray ended {s.failures} times under this head; "
+                    f"{s.max_restarts} restarts allowed)")
+        if s.next_retry_at is not None:
+            restarts += f", next start {_when(s.next_retry_at, now)}"
+        if s.gave_up_on:
+            restarts += f"; gave up on head {s.gave_up_on}"
         block = [
-            f"job {s.get('job_id')} node {s.get('node')} role {role}  [{view.liveness}]",
-            f"  state      {state} ({s.get('reason', '')})",
+            f"job {s.job_id} node {s.node} role {s.role}  [{view.liveness}]",
+            f"  state      {state} ({s.reason})",
             f"  head job   {head}",
             f"  ray node   {ray}",
-            f"  ports      {port_text}; agent {s.get('control') or '-'}",
+            f"  ports      {port_text}; agent {s.control or '-'}",
             f"  restarts   {restarts}",
-            "  drain      " + (f"deadline {_when(drain, now)}" if drain is not None else "-"),
+            "  drain      " + (f"deadline {_when(s.drain_deadline, now)}" if s.drain_deadline is not None else "-"),
         ]
-        if no_head is not None and s.get("state") in ("WAITING_FOR_HEAD", "GAVE_UP"):
-            rejoin = _number(s.get("rejoin_timeout"))
-            block.append(f"  no head    since {_when(no_head, now)}"
-                         + (f"; releases the allocation {_when(no_head + rejoin, now)}" if rejoin else ""))
-        block.append(f"  uptime     {_age(now - started) if started is not None else '-'}, pid {s.get('pid')}, "
-                     f"updated {_age(now - updated) if updated is not None else '-'} ago"
-                     + (f", exit code {s.get('exit_code')}" if s.get("exited") else ""))
-        recent = [t for t in s.get("transitions") or [] if isinstance(t, dict)][-4:]
-        for index, t in enumerate(recent):
-            at = _number(t.get("at"))
-            block.append(f"  {'recent' if index == 0 else '':<10} {_clock(at) if at is not None else '?'} "
-                         f"{t.get('from')}->{t.get('to')}: {t.get('reason')}")
-        requests = s.get("requests")
-        if isinstance(requests, dict) and requests.get("rejected"):
-            block.append(f"  requests   {requests.get('accepted', 0)} accepted, {requests.get('rejected')} rejected "
-                         f"{requests.get('rejected_by_reason') or ''}")
-        hosted = s.get("hosted_head")
-        if isinstance(hosted, dict):
-            at = _number(hosted.get("at"))
-            block.append(f"  hosted     a head for the run: {hosted.get('state')}"
-                         + (f" at {hosted['address']}" if hosted.get("address") else "")
-                         + (f" since {_clock(at)}" if at is not None else "")
-                         + (f" ({hosted['reason']})" if hosted.get("reason") else ""))
-        handover = _number(s.get("handover_deadline"))
-        if handover is not None:
-            block.append(f"  handover   keeps the run's head until the session moves it, at most {_when(handover, now)}")
-        block.append(f"  session    {s.get('session')}")
+        if s.no_head_since is not None and s.state in (AgentState.WAITING_FOR_HEAD, AgentState.GAVE_UP):
+            release = s.no_head_since + s.rejoin_timeout
+            block.append(f"  no head    since {_when(s.no_head_since, now)}"
+                         + (f"; releases the allocation {_when(release, now)}" if s.rejoin_timeout else ""))
+        block.append(f"  uptime     {_age(now - s.started_at)}, pid {s.pid}, updated {_age(now - s.updated_at)} ago"
+                     + (f", exit code {s.exit_code}" if s.exited else ""))
+        for index, t in enumerate(s.transitions[-4:]):
+            block.append(f"  {'recent' if index == 0 else '':<10} {_clock(t.at)} "
+                         f"{t.from_state.value}->{t.to_state.value}: {t.reason}")
+        if s.requests.rejected:
+            block.append(f"  requests   {s.requests.accepted} accepted, {s.requests.rejected} rejected "
+                         f"{dict(s.requests.rejected_by_reason) or ''}")
+        hosted = s.hosted_head
+        if hosted is not None:
+            block.append(f"  hosted     a head for the run: {hosted.state.value}"
+                         + (f" at {hosted.address}" if hosted.address else "")
+                         + f" since {_clock(hosted.at)}"
+                         + (f" ({hosted.reason})" if hosted.reason else ""))
+        if s.handover_deadline is not None:
+            block.append("  handover   keeps the run's head until the session moves it, "
+                         f"at most {_when(s.handover_deadline, now)}")
+        block.append(f"  session    {s.session}")
         lines.append("\n".join(block))
     if hidden:
         lines.append(f"({hidden} agents that exited more than {_age(RECENT_EXIT_SECONDS)} ago are hidden; "
@@ -246,8 +229,8 @@ def prune(directory: Path | None = None, now: float | None = None, max_age: floa
     now = time.time() if now is None else now
     removed = 0
     for view in collect(directory, now):
-        updated = _number(view.status.get("updated_at"))
-        if view.liveness in ("exited", "dead") and updated is not None and now - updated > max_age:
+        if (view.liveness in ("exited", "dead") and view.status is not None
+                and now - view.status.updated_at > max_age):
             try:
                 view.path.unlink()
                 removed += 1

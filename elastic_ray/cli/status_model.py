@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..coordinator.headwatch import HeadObservation
-from ..protocol.records import AllocationRecord, HeadEndpoint, SessionInfo, WorkerRecord
+from ..protocol.records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, WorkerRecord
 from ..scheduler.base import JobInfo, JobState
 
 # An agent rewrites its node file at least every few seconds while it runs;
@@ -38,20 +38,22 @@ def _time_left(info: JobInfo | None, now: float) -> float | None:
     return None
 
 
-def _node_rows(info: JobInfo | None, states: Mapping[str, Mapping[str, Any]], now: float) -> list[dict[str, Any]]:
-    """One entry per node: the scheduler's node list, plus any node whose agent published a state."""
+def _node_rows(info: JobInfo | None, states: Mapping[str, NodeState], now: float) -> list[dict[str, Any]]:
+    """One entry per node: the scheduler's node list, plus any node whose agent published a state.
+
+    A node without a (readable) state has no agent columns: unknown.
+    """
     names = list(info.nodes) if info else []
     names += sorted(n for n in states if n not in names)
     rows = []
     for name in names:
-        state = states.get(name) or {}
-        updated = state.get("updated_at")
-        age = now - updated if isinstance(updated, (int, float)) else None
-        exited = bool(state.get("exited"))
-        agent = state.get("state") if isinstance(state.get("state"), str) else None
+        state = states.get(name)
+        age = None if state is None else now - state.updated_at
+        exited = state is not None and state.exited
+        agent = None if state is None else state.state.value
         rows.append({
             "node": name,
-            "ray_node_id": state.get("node_id") if isinstance(state.get("node_id"), str) else None,
+            "ray_node_id": None if state is None else state.node_id,
             "agent_state": agent,
             "agent_exited": exited,
             # Stale only matters while the job runs; after it, the job's state says enough.
@@ -83,7 +85,7 @@ def _heartbeat(pointer: str | None, jobs: Mapping[str, JobInfo], endpoint: HeadE
 
 
 def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecord, jobs: Mapping[str, JobInfo],
-                 nodes: Mapping[str, Mapping[str, Mapping[str, Any]]], pointer: str | None,
+                 nodes: Mapping[str, Mapping[str, NodeState]], pointer: str | None,
                  endpoint: HeadEndpoint | None, observation: HeadObservation | None,
                  now: float) -> dict[str, Any]:
     """Everything ``session status`` shows, as one JSON-ready dict. Pure.

@@ -31,6 +31,7 @@ from ..config import (
 from ..errors import AllocationFailed, ConfigError, SchedulerError, SlurmAllocationEnded
 from ..config.launcher import RayLauncher
 from ..protocol.channel import ControlClient, ControlError
+from ..protocol.records import AgentState, HostedHeadState, NodeState
 from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
 from ..protocol.session_dir import SessionDir
 from ..scheduler.base import JobInfo, JobState, Scheduler
@@ -267,7 +268,8 @@ class Session:
         log.info("event=worker_submitted session=%s job=%s partition=%s", self.job_name, job_id, resolved.partition)
         return WorkerAllocation(self, job_id)
 
-    def node_states(self, job_id: str) -> dict[str, dict[str, Any]]:
+    def node_states(self, job_id: str) -> dict[str, NodeState]:
+        """The agents' published states of one job, by node; a node whose file is unreadable is absent."""
         return self.dir.read_node_states(job_id)
 
     def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0,
@@ -282,8 +284,8 @@ class Session:
         last = ""
         while True:
             states = self.node_states(job_id)
-            joined = {node: s.get("node_id") for node, s in states.items()
-                      if s.get("state") == "JOINED" and s.get("node_id")}
+            joined = {node: s.node_id for node, s in states.items()
+                      if s.state is AgentState.JOINED and s.node_id}
             if len(joined) >= wanted:
                 return dict(sorted(joined.items()))
             info = self.scheduler.query(self.job_name, [job_id]).get(job_id)
@@ -419,15 +421,15 @@ class Session:
     def _host_on_worker(self, job: str, deadline: float) -> bool:
         """Ask the first node of worker allocation ``job`` to host a head; wait until it is ready."""
         states = self.node_states(job)
-        first = next((s for s in states.values() if s.get("role") == "worker" and s.get("control")
-                      and not s.get("exited") and s.get("node_index", 0) == 0), None)
+        first = next((s for s in states.values() if s.role == "worker" and s.control
+                      and not s.exited and s.node_index == 0), None)
         if first is None:
-            first = next((s for _, s in sorted(states.items()) if s.get("control") and not s.get("exited")), None)
+            first = next((s for _, s in sorted(states.items()) if s.control and not s.exited), None)
         if first is None:
             log.warning("event=host_head_unreachable job=%s", job)
             return False
         try:
-            with self._control(first["control"]) as client:
+            with self._control(first.control) as client:
                 reply = client.request("host_head", {"head_job": job}, timeout=CONTROL_TIMEOUT)
         except ControlError as exc:
             log.warning("event=host_head_failed job=%s error=%s", job, exc)
@@ -438,8 +440,7 @@ class Session:
         limit = min(deadline, time.monotonic() + HEAD_START_GRACE)
         while time.monotonic() < limit:
             for state in self.node_states(job).values():
-                hosted = state.get("hosted_head") or {}
-                if hosted.get("state") == "FAILED":
+                if state.hosted_head is not None and state.hosted_head.state is HostedHeadState.FAILED:
                     return False
             if self.dir.read_head_endpoint(job) is not None:
                 return True
@@ -458,8 +459,8 @@ class Session:
         """Tell agents to read the pointer now instead of at their next poll."""
         for worker_job in self.record().workers:
             for node, state in self.node_states(worker_job).items():
-                endpoint = state.get("control")
-                if not endpoint or state.get("exited"):
+                endpoint = state.control
+                if not endpoint or state.exited:
                     continue
                 try:
                     with self._control(endpoint) as client:
@@ -475,8 +476,8 @@ class Session:
             if job_id in r.workers and r.workers[job_id].state == "submitted" else r)
         told = 0
         for node, state in self.node_states(job_id).items():
-            endpoint = state.get("control")
-            if not endpoint or state.get("exited"):
+            endpoint = state.control
+            if not endpoint or state.exited:
                 continue
             try:
                 with self._control(endpoint) as client:

@@ -9,9 +9,10 @@ therefore either gets a well-formed record or a clear report, never a
 
 from __future__ import annotations
 
+import enum
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -94,9 +95,7 @@ class SessionInfo:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SessionInfo":
-        version = _get(data, "protocol_version", int)
-        if version != PROTOCOL_VERSION:
-            raise ValueError(f"protocol_version {version} is not supported (this is {PROTOCOL_VERSION})")
+        version = check_protocol_version(data)
         scheduler = _get(data, "scheduler", dict)
         if scheduler.get("kind") not in ("slurm", "local"):
             raise ValueError(f"scheduler.kind {scheduler.get('kind')!r} is not 'slurm' or 'local'")
@@ -224,9 +223,7 @@ class AllocationRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "AllocationRecord":
-        version = _get(data, "protocol_version", int)
-        if version != PROTOCOL_VERSION:
-            raise ValueError(f"protocol_version {version} is not supported (this is {PROTOCOL_VERSION})")
+        check_protocol_version(data)
         generation = _get(data, "generation", int)
         if generation < 0:
             raise ValueError("generation must not be negative")
@@ -291,4 +288,335 @@ class HeadEndpoint:
             ray_version=_get(data, "ray_version", str),
             started_at=float(_get(data, "started_at", (int, float))),
             ports=MappingProxyType(dict(ports)),
+        )
+
+
+# ---------------------------------------------------------------- protocol versions
+
+class NewerProtocolError(ValueError):
+    """A record written by a newer elastic-ray, in a protocol this one cannot read.
+
+    A ``ValueError`` like every other refusal here, so the session directory
+    reports it with the file's path; a class of its own so that "upgrade"
+    can be told apart from "damaged".
+    """
+
+
+def check_protocol_version(data: Mapping[str, Any], *, missing: int | None = None) -> int:
+    """The record's protocol version; refuses one newer than this code.
+
+    The version is a major number, an int: session.json and allocation.json
+    have carried ``1`` from the start, and changing its form would make every
+    existing session unreadable. Readers ignore keys they do not know, so a
+    compatible addition keeps the number; only a change an older reader would
+    misread raises it. An older or equal version is read (each ``from_dict``
+    knows every layout up to ours); a newer one is refused with a message that
+    says to upgrade. ``missing`` is the version a record written before it
+    carried the field implies; None makes the field required.
+    """
+    if missing is not None and isinstance(data, Mapping) and "protocol_version" not in data:
+        return missing
+    version = _get(data, "protocol_version", int)
+    if version < 1:
+        raise ValueError(f"protocol_version {version} is not a protocol version (the first is 1)")
+    if version > PROTOCOL_VERSION:
+        raise NewerProtocolError(
+            f"protocol_version {version}: written by a newer elastic-ray (protocol {version}); "
+            f"this one speaks protocol {PROTOCOL_VERSION}; upgrade elastic-ray here to read it")
+    return version
+
+
+# ---------------------------------------------------------------- jobs/<id>/nodes/<host>.json
+
+class AgentState(str, enum.Enum):
+    """An agent's state as it publishes it: the wire values of ``agent.machine.State``.
+
+    Kept here because protocol must not import the agent; the agent maps its
+    machine's state onto this by value, and a test holds the two equal.
+    Adding a state changes the protocol's major version: readers decide on it.
+    """
+
+    WAITING_FOR_HEAD = "WAITING_FOR_HEAD"
+    STARTING = "STARTING"
+    JOINED = "JOINED"
+    RESTART_BACKOFF = "RESTART_BACKOFF"
+    GAVE_UP = "GAVE_UP"
+    FOLLOWING = "FOLLOWING"
+    DRAINING = "DRAINING"
+    LEFT = "LEFT"
+    RELEASED = "RELEASED"
+    FAILED = "FAILED"
+
+
+class HostedHeadState(str, enum.Enum):
+    """A head hosted on a worker allocation's first node, as its agent reports it."""
+
+    STARTING = "STARTING"
+    READY = "READY"
+    FAILED = "FAILED"
+
+
+AGENT_ROLES = ("head", "worker")
+
+
+def _enum(data: Mapping[str, Any], key: str, kind: type[enum.Enum]) -> Any:
+    value = _get(data, key, str)
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{key!r}: {value!r} is not one of {', '.join(m.value for m in kind)}") from None
+
+
+def _nullable(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...]) -> Any:
+    """A key that must be present but may be null (the agent always writes it)."""
+    if isinstance(data, Mapping) and key not in data:
+        raise ValueError(f"missing key {key!r}")
+    return _get(data, key, kinds, optional=True)
+
+
+def _nullable_time(data: Mapping[str, Any], key: str) -> float | None:
+    value = _nullable(data, key, (int, float))
+    return None if value is None else float(value)
+
+
+def _nullable_pid(data: Mapping[str, Any], key: str) -> int | None:
+    value = _nullable(data, key, int)
+    if value is not None and value <= 0:
+        raise ValueError(f"{key!r} must be a positive process id")
+    return value
+
+
+def _count(data: Mapping[str, Any], key: str) -> int:
+    value = _get(data, key, int)
+    if value < 0:
+        raise ValueError(f"{key!r} must not be negative")
+    return value
+
+
+def _nested(key: str, read: Callable[[], Any]) -> Any:
+    """Run ``read`` with ``key`` prefixed to any refusal, so a nested error names its path."""
+    try:
+        return read()
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class HostedHead:
+    """The head an agent hosts for the run next to its own worker Ray.
+
+    ``address`` is set once READY (the GCS), ``reason`` once FAILED; each key
+    is written only when set, as the agent always has.
+    """
+
+    state: HostedHeadState
+    at: float
+    address: str | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"state": self.state.value}
+        if self.address is not None:
+            data["address"] = self.address
+        if self.reason is not None:
+            data["reason"] = self.reason
+        data["at"] = self.at
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "HostedHead":
+        return cls(
+            state=_enum(data, "state", HostedHeadState),
+            at=float(_get(data, "at", (int, float))),
+            address=_get(data, "address", str, optional=True),
+            reason=_get(data, "reason", str, optional=True),
+        )
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One change of an agent's state (``from``/``to`` on the wire)."""
+
+    at: float
+    from_state: AgentState
+    to_state: AgentState
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "from": self.from_state.value, "to": self.to_state.value, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Transition":
+        return cls(
+            at=float(_get(data, "at", (int, float))),
+            from_state=_enum(data, "from", AgentState),
+            to_state=_enum(data, "to", AgentState),
+            reason=_get(data, "reason", str),
+        )
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """What an agent's control socket accepted and rejected (by reason)."""
+
+    accepted: int = 0
+    rejected: int = 0
+    rejected_by_reason: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"accepted": self.accepted, "rejected": self.rejected,
+                "rejected_by_reason": dict(self.rejected_by_reason)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RequestCounts":
+        by_reason = _get(data, "rejected_by_reason", dict)
+        for reason, count in by_reason.items():
+            if not isinstance(reason, str) or isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ValueError(f"rejected_by_reason[{reason!r}] is not a count")
+        return cls(accepted=_count(data, "accepted"), rejected=_count(data, "rejected"),
+                   rejected_by_reason=MappingProxyType(dict(by_reason)))
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """jobs/<job>/nodes/<host>.json: what one node's agent is doing.
+
+    The agent rewrites it on every change of state, and writes the same
+    record every few seconds to its node-local status file. Read by the
+    coordinator (which nodes joined; whom to ask to drain, follow or host a
+    head), by ``elastic-ray session status`` and by ``elastic-agent status``.
+    Every key is written every time (nullable ones as null); a reader ignores
+    keys it does not know, so a compatible addition keeps the protocol
+    version. A file without ``protocol_version`` predates the field: version 1.
+    """
+
+    session: str
+    job_id: str
+    node: str
+    node_ip: str
+    role: str                      # "head" or "worker"
+    state: AgentState
+    since: float                   # when ``state`` began
+    max_restarts: int
+    rejoin_timeout: float
+    started_at: float
+    updated_at: float
+    pid: int
+    control: str                   # the agent's control endpoint
+    node_index: int = 0
+    reason: str = ""
+    head_job: str | None = None
+    head_address: str | None = None
+    node_id: str | None = None     # the Ray node id, once joined
+    ports: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    ray_pid: int | None = None
+    raylet_pid: int | None = None
+    temp_dir: str | None = None
+    ray_address: str | None = None
+    restarts: int = 0
+    failures: int = 0
+    next_retry_at: float | None = None
+    gave_up_on: str | None = None
+    drain_deadline: float | None = None
+    no_head_since: float | None = None
+    pid_create_time: float | None = None
+    requests: RequestCounts = field(default_factory=RequestCounts)
+    hosted_head: HostedHead | None = None
+    history: tuple[str, ...] = ()
+    handover_deadline: float | None = None
+    transitions: tuple[Transition, ...] = ()
+    exited: bool = False
+    exit_code: int | None = None
+    protocol_version: int = PROTOCOL_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol_version": self.protocol_version,
+            "session": self.session, "job_id": self.job_id, "node": self.node,
+            "node_ip": self.node_ip, "node_index": self.node_index, "role": self.role,
+            "state": self.state.value, "reason": self.reason, "since": self.since,
+            "head_job": self.head_job, "head_address": self.head_address, "node_id": self.node_id,
+            "ports": dict(self.ports),
+            "ray_pid": self.ray_pid, "raylet_pid": self.raylet_pid,
+            "temp_dir": self.temp_dir, "ray_address": self.ray_address,
+            "restarts": self.restarts, "failures": self.failures, "max_restarts": self.max_restarts,
+            "next_retry_at": self.next_retry_at, "gave_up_on": self.gave_up_on,
+            "drain_deadline": self.drain_deadline,
+            "no_head_since": self.no_head_since, "rejoin_timeout": self.rejoin_timeout,
+            "started_at": self.started_at, "updated_at": self.updated_at,
+            "pid": self.pid, "pid_create_time": self.pid_create_time, "control": self.control,
+            "requests": self.requests.to_dict(),
+            "hosted_head": None if self.hosted_head is None else self.hosted_head.to_dict(),
+            "history": list(self.history),
+            "handover_deadline": self.handover_deadline,
+            "transitions": [t.to_dict() for t in self.transitions],
+            "exited": self.exited, "exit_code": self.exit_code,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "NodeState":
+        version = check_protocol_version(data, missing=1)
+        node = _get(data, "node", str)
+        if not node:
+            raise ValueError("'node' must not be empty")
+        role = _get(data, "role", str)
+        if role not in AGENT_ROLES:
+            raise ValueError(f"'role': {role!r} is not one of {', '.join(AGENT_ROLES)}")
+        index = _count(data, "node_index")
+        ports = _get(data, "ports", dict)
+        for name, value in ports.items():
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 65536:
+                raise ValueError(f"ports[{name!r}] is not a port number")
+        pid = _get(data, "pid", int)
+        if pid <= 0:
+            raise ValueError("'pid' must be a positive process id")
+        head_job = _nullable(data, "head_job", str)
+        gave_up_on = _nullable(data, "gave_up_on", str)
+        requests = _get(data, "requests", dict)
+        hosted = _nullable(data, "hosted_head", dict)
+        history = _get(data, "history", list)
+        for i, entry in enumerate(history):
+            if not isinstance(entry, str):
+                raise ValueError(f"history[{i}] has type {type(entry).__name__}")
+        transitions = _get(data, "transitions", list)
+        return cls(
+            session=_get(data, "session", str),
+            job_id=check_job_id(_get(data, "job_id", str)),
+            node=node,
+            node_ip=_get(data, "node_ip", str),
+            role=role,
+            state=_enum(data, "state", AgentState),
+            since=float(_get(data, "since", (int, float))),
+            max_restarts=_count(data, "max_restarts"),
+            rejoin_timeout=float(_get(data, "rejoin_timeout", (int, float))),
+            started_at=float(_get(data, "started_at", (int, float))),
+            updated_at=float(_get(data, "updated_at", (int, float))),
+            pid=pid,
+            control=_get(data, "control", str),
+            node_index=index,
+            reason=_get(data, "reason", str),
+            head_job=None if head_job is None else check_job_id(head_job, "head_job"),
+            head_address=_nullable(data, "head_address", str),
+            node_id=_nullable(data, "node_id", str),
+            ports=MappingProxyType(dict(ports)),
+            ray_pid=_nullable_pid(data, "ray_pid"),
+            raylet_pid=_nullable_pid(data, "raylet_pid"),
+            temp_dir=_nullable(data, "temp_dir", str),
+            ray_address=_nullable(data, "ray_address", str),
+            restarts=_count(data, "restarts"),
+            failures=_count(data, "failures"),
+            next_retry_at=_nullable_time(data, "next_retry_at"),
+            gave_up_on=None if gave_up_on is None else check_job_id(gave_up_on, "gave_up_on"),
+            drain_deadline=_nullable_time(data, "drain_deadline"),
+            no_head_since=_nullable_time(data, "no_head_since"),
+            pid_create_time=_nullable_time(data, "pid_create_time"),
+            requests=_nested("requests", lambda: RequestCounts.from_dict(requests)),
+            hosted_head=None if hosted is None else _nested("hosted_head", lambda: HostedHead.from_dict(hosted)),
+            history=tuple(history),
+            handover_deadline=_nullable_time(data, "handover_deadline"),
+            transitions=tuple(_nested(f"transitions[{i}]", lambda t=t: Transition.from_dict(t))
+                              for i, t in enumerate(transitions)),
+            exited=_get(data, "exited", bool),
+            exit_code=_nullable(data, "exit_code", int),
+            protocol_version=version,
         )

@@ -9,7 +9,7 @@ agent) sees this directory on a shared filesystem. Layout::
       allocation.json.bak       a copy of the last good record, for repair after outside damage
       ray_head                  the current head's job id, a bare integer
       jobs/<job>/head.json      a ready head's endpoint (HeadEndpoint)
-      jobs/<job>/nodes/<host>.json   each agent's published state
+      jobs/<job>/nodes/<host>.json   each agent's published state (NodeState)
       secret                    the control channel key (0600)
       logs/                     agent and job logs
 
@@ -28,13 +28,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import filelock
 
 from ..errors import CorruptFileError, SessionDirError
 from ..atomic import atomic_write_bytes, atomic_write_json, read_bytes_bounded, read_json
-from .records import AllocationRecord, HeadEndpoint, SessionInfo, check_job_id, is_job_id
+from .records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, check_job_id, is_job_id
 
 log = logging.getLogger(__name__)
 
@@ -228,29 +227,37 @@ class SessionDir:
             log.warning("event=head_endpoint_invalid path=%s reason=%s", path, exc)
             return None
 
-    def write_node_state(self, job_id: str, host: str, state: dict[str, Any]) -> None:
+    def write_node_state(self, state: NodeState) -> None:
+        """Publish one agent's state as ``jobs/<job>/nodes/<node>.json`` (job and node from the record)."""
+        host = state.node
         if not host or "/" in host or host.startswith("."):
-            raise ValueError(f"host={host!r}: not a usable node name")
-        directory = self.job_dir(job_id) / "nodes"
+            raise ValueError(f"node={host!r}: not a usable node name")
+        # Never write what we could not read back.
+        NodeState.from_dict(state.to_dict())
+        directory = self.job_dir(state.job_id) / "nodes"
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write_json(directory / f"{host}.json", state, mode=0o644)
+        atomic_write_json(directory / f"{host}.json", state.to_dict(), mode=0o644)
 
-    def read_node_states(self, job_id: str) -> dict[str, dict[str, Any]]:
-        """Every published node state of a job; damaged files are skipped with a warning."""
+    def read_node_states(self, job_id: str) -> dict[str, NodeState]:
+        """Every published node state of a job, by node name.
+
+        A damaged file, one that fails validation (a newer elastic-ray's
+        included) or one that names another job or node is skipped with a
+        warning: that node's state is unknown, and no reader crashes on it.
+        """
         directory = self.job_dir(job_id) / "nodes"
-        states: dict[str, dict[str, Any]] = {}
+        states: dict[str, NodeState] = {}
         try:
             entries = sorted(directory.glob("*.json"))
         except OSError:
             return states
         for path in entries:
             try:
-                data = read_json(path)
-            except (OSError, CorruptFileError) as exc:
+                state = NodeState.from_dict(read_json(path))
+                if state.job_id != job_id or state.node != path.stem:
+                    raise ValueError(f"holds job {state.job_id} node {state.node}")
+            except (OSError, CorruptFileError, ValueError) as exc:
                 log.warning("event=node_state_invalid path=%s reason=%s", path, exc)
                 continue
-            if isinstance(data, dict):
-                states[path.stem] = data
-            else:
-                log.warning("event=node_state_invalid path=%s reason=not an object", path)
+            states[path.stem] = state
         return states
