@@ -11,13 +11,14 @@ import math
 import pytest
 
 from elastic_ray.config import (
+    RayLauncher,
     SlurmRunAllocationConfig as Run,
     SlurmWorkerAllocationConfig as Worker,
     inherit_worker_config,
     resolve_head_config,
 )
 from elastic_ray.errors import ConfigError
-from elastic_ray.config.slurm_values import format_slurm_time, parse_memory_mb, parse_signal, parse_slurm_time
+from elastic_ray.config.slurm_values import format_slurm_time, parse_memory_mb, parse_slurm_time
 
 # ----------------------------------------------------------------- accepted values
 
@@ -45,11 +46,18 @@ def test_memory_forms(text, mb):
     assert parse_memory_mb(text) == mb
 
 
-@pytest.mark.parametrize("text,name,seconds", [("TERM@600", "TERM", 600), ("SIGUSR1@90", "USR1", 90),
-                                               ("usr2@5", "USR2", 5), ("15@30", "TERM", 30)])
-def test_signal_forms(text, name, seconds):
-    spec = parse_signal(text)
-    assert (spec.name, spec.seconds) == (name, seconds)
+# Signal forms (and job ids, job names, host lists) are tested once, in
+# tests/test_slurm_values.py; here, what the config fields make of them.
+
+@pytest.mark.parametrize("field,given,stored", [
+    ("mem", " 16g\n", "16G"), ("mem_per_cpu", "4G\n", "4G"), ("time_limit", "30\n", "30"),
+    ("time_min", " 1-0\n", "1-0"), ("signal_before_timeout", "sigterm@600\n", "TERM@600"),
+    ("signal_before_timeout", "15@0600", "TERM@600"),
+])
+def test_parsed_values_are_stored_stripped_and_normalised(field, given, stored):
+    # A newline must never reach an #SBATCH line: fields that are parsed are
+    # stored in their normal form, the others are refused (REFUSED below).
+    assert getattr(Run(**{field: given}), field) == stored
 
 
 def test_a_full_worker_config_is_accepted_and_normalised():
@@ -128,6 +136,32 @@ REFUSED = [
     ({"extra_sbatch_directives": ["--comment=x\n#SBATCH --time=1"]}, "extra_sbatch_directives[0]"),
     ({"extra_sbatch_directives": ["--comment="]}, "extra_sbatch_directives[0]"),
     ({"extra_sbatch_directives": [7]}, "extra_sbatch_directives[0]"),
+    # A trailing newline, and digits of another script ('١٢٣'), in every field.
+    ({"partition": "cpu\n"}, "partition"),
+    ({"partition": "cpu,gpu-a\n"}, "partition"),
+    ({"qos": "normal\n"}, "qos"),
+    ({"account": "proj-1\n"}, "account"),
+    ({"reservation": "maint\n"}, "reservation"),
+    ({"constraint": "a40&ib\n"}, "constraint"),
+    ({"nodelist": "gpua-1\n"}, "nodelist"),
+    ({"nodelist": "gpua-[\u0661-\u0662]"}, "nodelist"),
+    ({"exclude": "gpua-[1-2]\n"}, "exclude"),
+    ({"mem": "\u0661\u0666G"}, "mem"),
+    ({"mem": "16\u212a"}, "mem"),  # KELVIN SIGN, which case-insensitive Unicode matching reads as k
+    ({"mem_per_cpu": "4G\n4G"}, "mem_per_cpu"),
+    ({"time_limit": "\u0661\u0660"}, "time_limit"),
+    ({"time_limit": "30\n30"}, "time_limit"),
+    ({"time_min": "1:\u0663\u0660"}, "time_min"),
+    ({"signal_before_timeout": "TERM@\u0661\u0662\u0660"}, "signal_before_timeout"),
+    ({"signal_before_timeout": "\u0661\u0665@60"}, "signal_before_timeout"),
+    ({"signal_before_timeout": "s\u0131gterm@60"}, "signal_before_timeout"),
+    ({"signal_before_timeout": "TERM@60\nUSR1@5"}, "signal_before_timeout"),
+    ({"extra_sbatch_directives": ["--requeue\n"]}, "extra_sbatch_directives[0]"),
+    # A host list must be well formed, not only made of the right characters.
+    ({"nodelist": "gpua-[2-1]"}, "nodelist"),
+    ({"nodelist": "gpua-[1-2"}, "nodelist"),
+    ({"exclude": "a,,b"}, "exclude"),
+    ({"exclude": "gpua-[a-b]"}, "exclude"),
 ]
 
 
@@ -169,6 +203,7 @@ WORKER_REFUSED = [
     ({"ray_start_args": ["--num-cpus=8", "--port=6379"]}, "ray_start_args[1]"),
     ({"ray_start_args": ["--labels=a=b"]}, "ray_start_args[0]"),
     ({"ray_start_args": ["--memory=1\n"]}, "ray_start_args[0]"),
+    ({"ray_start_args": ["--disable-usage-stats\n"]}, "ray_start_args[0]"),
     ({"rejoin_timeout": 0}, "rejoin_timeout"),
     ({"rejoin_timeout": -5}, "rejoin_timeout"),
     ({"rejoin_timeout": math.inf}, "rejoin_timeout"),
@@ -181,6 +216,20 @@ def test_refused_ray_values_name_the_field(kwargs, field):
     with pytest.raises(ConfigError) as info:
         Worker(**kwargs)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize("name", ["FOO\n", "\nFOO", "", "1FOO", "FO O", "F\u00d6O", "FOO-BAR", "FOO="])
+def test_launcher_refuses_bad_env_names_naming_the_variable(name):
+    with pytest.raises(ConfigError) as info:
+        RayLauncher(env={name: "1"})
+    assert info.value.field == f"env[{name!r}]"
+
+
+@pytest.mark.parametrize("args", [["--disable-usage-stats\n"], ["--num-cpus=8", "--block\n"]])
+def test_launcher_refuses_ray_start_args_with_a_trailing_newline(args):
+    with pytest.raises(ConfigError) as info:
+        RayLauncher(ray_start_args=args)
+    assert info.value.field == f"ray_start_args[{len(args) - 1}]"
 
 
 def test_from_dict_names_an_unknown_key():

@@ -315,13 +315,14 @@ def test_srun_gets_one_task_per_node_and_the_cpus(tmp_path):
 # ----------------------------------------------------------------- refused values
 
 @pytest.mark.parametrize("name", ["er\nx", "er x", "er'x", 'er"x', "er,other", "", "er#x", "er$x", "er\tx",
-                                  "x" * 201])
+                                  "x" * 201, "x" * 129, "er\n", "er:x", "er@x", "er=x", "er+x", "er-\u0661",
+                                  None])
 def test_bad_job_name_is_refused_naming_the_field(name):
     with pytest.raises(ConfigError, match="^job_name="):
         render_batch_script(full_worker_spec(job_name=name))
 
 
-@pytest.mark.parametrize("name", ["1ABC", "A-B", "A B", "", "A=B", "A\nB", "ÄB"])
+@pytest.mark.parametrize("name", ["1ABC", "A-B", "A B", "", "A=B", "A\nB", "ÄB", "AB\n", "\nAB", "AB\u0661"])
 def test_bad_env_name_is_refused_naming_the_variable(name):
     with pytest.raises(ConfigError) as info:
         render_batch_script(full_worker_spec(env={name: "v"}))

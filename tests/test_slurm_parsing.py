@@ -25,11 +25,9 @@ from elastic_ray.scheduler.slurm import (
     SQUEUE_FIELDS,
     SQUEUE_FORMAT,
     SlurmScheduler,
-    check_job_id,
     child_env,
     ended_unknown,
     expand_hostlist,
-    normalise_signal,
     parse_sacct_output,
     parse_sbatch_parsable,
     parse_scontrol_fields,
@@ -137,7 +135,8 @@ def test_sbatch_parsable(stdout, job_id):
 
 
 @pytest.mark.parametrize("stdout", ["", "\n", "Submitted batch job 12", "12 13", "12\n13\n", "12;", "-1",
-                                    "12;lab;x", "1e5", "12;bad cluster"])
+                                    "12;lab;x", "1e5", "12;bad cluster", "\u0661\u0662\n", "\u0664\u0662;lab",
+                                    "1" * 21])
 def test_sbatch_parsable_refuses_anything_else(stdout):
     with pytest.raises(ValueError, match="sbatch --parsable"):
         parse_sbatch_parsable(stdout)
@@ -156,7 +155,9 @@ def test_slurm_timestamp(text, expected):
 
 
 @pytest.mark.parametrize("text", ["2026-11-29 23:59:59", "2026-13-01T00:00:00", "2026-02-30T00:00:00",
-                                  "Sun Nov 29 23:59", "1732924799", "2026-11-29T23:59", "tomorrow"])
+                                  "Sun Nov 29 23:59", "1732924799", "2026-11-29T23:59", "tomorrow",
+                                  "2026-11-29T23:59:59\nx", "\u0662\u0660\u0662\u0666-11-29T23:59:59",
+                                  "2026-11-29T23:59:\u0665\u0669"])
 def test_slurm_timestamp_refuses_other_forms(text):
     with pytest.raises(ValueError, match="timestamp|date"):
         parse_slurm_timestamp(text)
@@ -173,7 +174,8 @@ def test_time_left(text, seconds):
 
 
 @pytest.mark.parametrize("text", ["", "5", "1-2", "1-02:03", "3:4", "1:60", "1:60:00", "1-24:00:00",
-                                  "-1:00", "1:00:00:00", "abc", "1-02:03:04x"])
+                                  "-1:00", "1:00:00:00", "abc", "1-02:03:04x", "3:04\n5",
+                                  "\u0663:\u0660\u0664", "1-02:03:\u0660\u0664"])
 def test_time_left_refuses_other_forms(text):
     with pytest.raises(ValueError, match="time left"):
         parse_time_left(text)
@@ -200,7 +202,7 @@ def test_hostlist_expansion(text, hosts):
 
 @pytest.mark.parametrize("text", ["cpu-[1-2", "cpu-1-2]", "cpu-[[1-2]]", "cpu-[2-1]", "cpu-[a-b]", "cpu-[]",
                                   "cpu-[1-]", "a,,b", ",a", "a b", f"n[1-{MAX_HOSTS + 1}]",
-                                  "a[1-1000]b[1-1000]"])
+                                  "a[1-1000]b[1-1000]", "cpu-[\u0661-\u0662]", "cpu-[1-2]\n[3]"])
 def test_hostlist_refuses_malformed_lists(text):
     with pytest.raises(ValueError, match="host list"):
         expand_hostlist(text)
@@ -266,6 +268,9 @@ def test_squeue_unknown_state_is_kept_raw():
     ("", "expected 10 fields"),
     (squeue_line(job_id="7_1"), "bad job id"),
     (squeue_line(job_id=""), "bad job id"),
+    (squeue_line(job_id="\u0667"), "bad job id"),
+    (squeue_line(job_id="1" * 21), "bad job id"),
+    (squeue_line(time_left="\u0663:\u0660\u0664"), "time left"),
     (squeue_line(nodes="cpu-[1-"), "host list"),
     (squeue_line(start_time="yesterday"), "timestamp"),
     (squeue_line(time_left="soon"), "time left"),
@@ -364,7 +369,8 @@ def test_test_only_start_time():
 @pytest.mark.parametrize("stderr", ["", "sbatch: error: Batch job submission failed: Requested node "
                                         "configuration is not available",
                                     "sbatch: Job 42 to start at soon using 1 processors",
-                                    "sbatch: Job 42 to start at N/A using 1 processors"])
+                                    "sbatch: Job 42 to start at N/A using 1 processors",
+                                    "sbatch: Job \u0664\u0662 to start at 2026-11-29T23:59:59 using 1 processors"])
 def test_test_only_without_a_start_is_an_error(stderr):
     with pytest.raises(ValueError):
         parse_test_only(stderr)
@@ -372,22 +378,36 @@ def test_test_only_without_a_start_is_an_error(stderr):
 
 # ----------------------------------------------------------------- small checks
 
-@pytest.mark.parametrize("value", ["", "-1", "--all", "12 13", "12;x", "7_1", 12, None, "１２"])
-def test_job_ids_are_plain_numbers(value):
+# Job ids and signal names are read by config/slurm_values.py, the one
+# vocabulary, and tested there (tests/test_slurm_values.py). Here: the
+# scheduler refuses them before any Slurm command runs.
+
+@pytest.mark.parametrize("call", [
+    lambda s: s.cancel("7_1"), lambda s: s.cancel("--all"), lambda s: s.cancel("12\n"),
+    lambda s: s.cancel("\u0661\u0662"), lambda s: s.signal("8\n", "TERM"), lambda s: s.end_time("-1"),
+    lambda s: s.query("er-x", ["12 13"]), lambda s: s.query("er-x", [12]),
+])
+def test_bad_job_ids_never_reach_a_slurm_command(call):
+    slurm = ScriptedSlurm({})
     with pytest.raises(ValueError, match="job_id"):
-        check_job_id(value)
+        call(slurm)
+    assert slurm.argvs == []
 
 
-@pytest.mark.parametrize("name,expected", [("TERM", "TERM"), ("SIGTERM", "TERM"), ("usr1", "USR1"),
-                                           ("15", "TERM"), (10, "USR1"), (" SIGINT ", "INT")])
-def test_signal_names(name, expected):
-    assert normalise_signal(name) == expected
-
-
-@pytest.mark.parametrize("name", ["", "SIGFOO", "TERM@30", "99", "B:TERM", "TERM;ls", None, True])
-def test_bad_signal_names(name):
+@pytest.mark.parametrize("name", ["", "SIGFOO", "TERM@30", "99", "B:TERM", "TERM;ls", "\u0967\u096b", None, True])
+def test_bad_signals_never_reach_scancel(name):
+    slurm = ScriptedSlurm({})
     with pytest.raises(ValueError, match="signal"):
-        normalise_signal(name)
+        slurm.signal("8", name)
+    assert slurm.argvs == []
+
+
+@pytest.mark.parametrize("name,sent", [("TERM", "TERM"), ("SIGTERM", "TERM"), ("usr1", "USR1"), ("15", "TERM"),
+                                       (10, "USR1"), (" SIGINT ", "INT"), ("IOT", "ABRT")])
+def test_signals_reach_scancel_by_their_canonical_name(name, sent):
+    slurm = ScriptedSlurm({"scancel": lambda argv: ("", "", 0)})
+    slurm.signal("8", name)
+    assert slurm.argvs == [["scancel", f"--signal={sent}", "8"]]
 
 
 def test_child_env_drops_client_settings_and_pins_time_format():

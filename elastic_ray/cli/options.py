@@ -62,6 +62,10 @@ def parse_ray_resource(text: str) -> tuple[str, float]:
     name = name.strip()
     if not sep or not name:
         raise ValueError(f"{text!r} is not NAME=AMOUNT (for example a40=1)")
+    # float() would also read digits of other scripts ('١' is 1.0); an amount
+    # is written in ASCII, as in every other number the CLI takes.
+    if not amount.isascii():
+        raise ValueError(f"{text!r}: the amount {amount!r} is not a number")
     try:
         value = float(amount)
     except ValueError:

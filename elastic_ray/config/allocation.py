@@ -19,16 +19,17 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import ConfigError
-from .slurm_values import parse_memory_mb, parse_signal, parse_slurm_time
+from .slurm_values import check_hostlist, parse_memory_mb, parse_signal, parse_slurm_time
 
 # --------------------------------------------------------------------------
 # Field-level checks. Each returns the normalised value or raises ConfigError.
+# Patterns are matched with fullmatch: with re.match, '$' would let one
+# trailing newline through, which would end an #SBATCH line early.
 
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
-_NAME_LIST = re.compile(r"^[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*$")
-_HOSTLIST = re.compile(r"^[A-Za-z0-9_.\-\[\],]+$")
-_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.:&|*\[\]()!,\-]+$")
-_LONG_OPTION = re.compile(r"^--([a-z][a-z0-9\-]*)(?:=(.*))?$", re.DOTALL)
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+_NAME_LIST = re.compile(r"[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*")
+_CONSTRAINT = re.compile(r"[A-Za-z0-9_.:&|*\[\]()!,\-]+")
+_LONG_OPTION = re.compile(r"--([a-z][a-z0-9\-]*)(?:=(.*))?", re.DOTALL)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int | None:
@@ -45,7 +46,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int | None:
 def _check_pattern(name: str, value: Any, pattern: re.Pattern[str], what: str) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not pattern.match(value):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise ConfigError(name, value, f"must be {what}")
     return value
 
@@ -103,7 +104,7 @@ def _check_sbatch_directives(name: str, value: Any) -> tuple[str, ...]:
         where = f"{name}[{index}]"
         if not isinstance(item, str):
             raise ConfigError(where, item, "must be a string")
-        match = _LONG_OPTION.match(item)
+        match = _LONG_OPTION.fullmatch(item)
         if not match:
             raise ConfigError(where, item, "must be one long option, '--name' or '--name=value'")
         option, argument = match.group(1), match.group(2)
@@ -168,7 +169,7 @@ def check_ray_start_args(name: str, value: Any) -> tuple[str, ...]:
         where = f"{name}[{index}]"
         if not isinstance(item, str):
             raise ConfigError(where, item, "must be a string")
-        match = _LONG_OPTION.match(item)
+        match = _LONG_OPTION.fullmatch(item)
         if not match:
             raise ConfigError(where, item, "must be '--option' or '--option=value' (one list item per option)")
         option, argument = match.group(1), match.group(2)
@@ -234,8 +235,8 @@ class SlurmRunAllocationConfig:
             if limit is not None and (minimum is None or minimum > limit):
                 raise ConfigError("time_min", self.time_min, f"must not exceed time_limit={self.time_limit!r}")
         set_("signal_before_timeout", _check_signal("signal_before_timeout", self.signal_before_timeout))
-        set_("nodelist", _check_pattern("nodelist", self.nodelist, _HOSTLIST, "a Slurm host list"))
-        set_("exclude", _check_pattern("exclude", self.exclude, _HOSTLIST, "a Slurm host list"))
+        set_("nodelist", None if self.nodelist is None else check_hostlist(self.nodelist, "nodelist"))
+        set_("exclude", None if self.exclude is None else check_hostlist(self.exclude, "exclude"))
         set_("qos", _check_pattern("qos", self.qos, _NAME, "a QoS name"))
         set_("account", _check_pattern("account", self.account, _NAME, "an account name"))
         set_("reservation", _check_pattern("reservation", self.reservation, _NAME, "a reservation name"))

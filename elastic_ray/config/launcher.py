@@ -18,7 +18,7 @@ from ..errors import ConfigError
 
 PORT_STRATEGIES = ("random", "hash_jobid", "fixed")
 AUTH_MODES = ("disabled", "token")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Environment the agent sets itself; a launcher value would be overwritten
 # or, worse, would break the agent's control of Ray.
 AGENT_OWNED_ENV = frozenset({"RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED",
@@ -64,7 +64,7 @@ class RayLauncher:
             raise ConfigError("env", self.env, "must be a mapping of variable name to value")
         env: dict[str, str] = {}
         for key, value in self.env.items():
-            if not isinstance(key, str) or not _ENV_NAME.match(key):
+            if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
                 raise ConfigError(f"env[{key!r}]", key, "is not a valid environment variable name")
             if key in AGENT_OWNED_ENV:
                 raise ConfigError(f"env[{key!r}]", key, "is set by the agent")

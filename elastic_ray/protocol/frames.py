@@ -60,7 +60,6 @@ import hashlib
 import heapq
 import hmac
 import math
-import re
 import secrets
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -70,6 +69,7 @@ from typing import Any
 
 import msgpack
 
+from ..config.slurm_values import is_job_id
 from ..errors import ElasticRayError
 
 VERSION = 1
@@ -103,7 +103,6 @@ _UNPACK_LIMITS = dict(
 
 _MAX_SESSION_ID = 128
 _MAX_TEXT = 1024
-_JOB_ID = re.compile(r"[0-9]{1,20}")
 
 
 class FrameRejected(ElasticRayError):
@@ -162,7 +161,7 @@ def _short_id(value: Any) -> str | None:
 
 
 def _job_id(value: Any) -> str | None:
-    if not isinstance(value, str) or not _JOB_ID.fullmatch(value):
+    if not is_job_id(value):
         return "must be a Slurm job id (a string of digits)"
     return None
 

@@ -11,32 +11,16 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+# Job ids and names follow the one Slurm vocabulary (config/slurm_values.py);
+# re-exported here for the session directory and the CLI, which read records.
+from ..config.slurm_values import check_job_id, check_job_name, is_job_id  # noqa: F401
+
 PROTOCOL_VERSION = 1
-
-_JOB_ID = re.compile(r"^[0-9]{1,20}$")
-_JOB_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
-
-
-def is_job_id(value: object) -> bool:
-    return isinstance(value, str) and bool(_JOB_ID.match(value))
-
-
-def check_job_id(value: object, where: str = "job_id") -> str:
-    if not is_job_id(value):
-        raise ValueError(f"{where}: {value!r} is not a job id (digits only)")
-    return value  # type: ignore[return-value]
-
-
-def check_job_name(value: object, where: str = "job_name") -> str:
-    if not isinstance(value, str) or not _JOB_NAME.match(value):
-        raise ValueError(f"{where}: {value!r} is not a valid job name (letters, digits, '_', '.', '-')")
-    return value
 
 
 def _get(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], *, optional: bool = False) -> Any:
@@ -275,7 +259,7 @@ class HeadEndpoint:
     def from_dict(cls, data: Mapping[str, Any]) -> "HeadEndpoint":
         address = _get(data, "address", str)
         hostpart, _, port = address.rpartition(":")
-        if not hostpart or not port.isdigit() or not 0 < int(port) < 65536:
+        if not hostpart or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise ValueError(f"address {address!r} is not host:port")
         ports = _get(data, "ports", dict)
         for name, value in ports.items():

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from importlib import resources
 
 from ..config import SlurmRunAllocationConfig
+from ..config.slurm_values import check_job_name
 from ..errors import ConfigError
 from .base import JobSpec
 
@@ -43,13 +44,7 @@ TEMPLATE_PACKAGE = "elastic_ray.sbatch_templates"
 ROLES = ("head", "worker")
 
 _PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
-_SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Job names end up in `#SBATCH --job-name=`, in `squeue --name=` and in
-# `scancel --name=`. squeue reads --name as a comma-separated list, so a comma
-# would make a session see another session's jobs; blanks, quotes, '#', '$'
-# and backslashes would be mangled by sbatch's #SBATCH tokenizer.
-_JOB_NAME = re.compile(r"^[A-Za-z0-9_.:+@=\-]+$")
-_JOB_NAME_MAX = 200
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Characters that sbatch's #SBATCH tokenizer treats specially.
 _DIRECTIVE_UNSAFE = re.compile(r"[\s\"'\\#]")
 
@@ -94,19 +89,9 @@ def fill_template(template: str, values: Mapping[str, str]) -> str:
 
 
 # --------------------------------------------------------------------------
-# Checks of the values that do not come from a validated config.
-
-def check_job_name(name: object, field: str = "job_name") -> str:
-    """A job name that is safe in #SBATCH lines and in ``squeue --name``."""
-    if not isinstance(name, str) or not name:
-        raise ConfigError(field, name, "must be a non-empty string")
-    if len(name) > _JOB_NAME_MAX:
-        raise ConfigError(field, name, f"must be at most {_JOB_NAME_MAX} characters")
-    if not _JOB_NAME.match(name):
-        raise ConfigError(field, name, "may contain only letters, digits and . _ - + : @ = "
-                                       "(no blanks, newlines, quotes, commas, '#' or '$')")
-    return name
-
+# Checks of the values that do not come from a validated config. The job name
+# has its own rule in config.slurm_values (check_job_name), shared with the
+# records and the scheduler.
 
 def check_output_path(path: object, field: str = "output") -> str:
     """An output path that sbatch's #SBATCH tokenizer passes on unchanged."""
@@ -181,7 +166,7 @@ def env_exports(env: Mapping[str, str]) -> list[str]:
     lines = []
     for name in sorted(env):
         value = env[name]
-        if not isinstance(name, str) or not _SHELL_NAME.match(name):
+        if not isinstance(name, str) or not _SHELL_NAME.fullmatch(name):
             raise ConfigError(f"env[{name!r}]", name, "is not a valid environment variable name "
                                                       "(letters, digits and _, not starting with a digit)")
         _check_no_nul(f"env[{name!r}]", value)

@@ -22,21 +22,27 @@ from __future__ import annotations
 
 import calendar
 import collections
-import itertools
 import logging
 import os
 import re
 import shlex
-import signal as _signal
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from ..config.slurm_values import (  # noqa: F401 - MAX_HOSTS is re-exported for the parsing tests
+    MAX_HOSTS,
+    check_job_id,
+    check_job_name,
+    expand_hostlist,
+    is_job_id,
+    signal_name,
+)
 from ..errors import SchedulerError
 from .base import JobInfo, JobSpec, JobState, Scheduler
-from .render import check_job_name, render_batch_script
+from .render import render_batch_script
 from .states import is_known_state, translate_state
 
 log = logging.getLogger(__name__)
@@ -64,30 +70,19 @@ SQUEUE_FIELDS = (
 )
 SQUEUE_FORMAT = FIELD_SEP.join(code for _, code in SQUEUE_FIELDS)
 
-_JOB_ID = re.compile(r"^[0-9]+$")
+# Job ids, job names, signals and host lists follow the one vocabulary in
+# config/slurm_values.py (check_job_id, check_job_name, signal_name,
+# expand_hostlist); the patterns below are output forms only Slurm prints.
+# All are matched in full and over ASCII digits: '\d' would take '١٢٣'.
 _NO_TIME = frozenset({"", "N/A", "NONE", "UNKNOWN", "(NULL)"})
-_TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}$")
+_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}")
 _NO_TIME_LEFT = frozenset({"UNLIMITED", "INFINITE", "NOT_SET", "INVALID", "N/A", "NONE"})
 _TIME_LEFT = (
-    re.compile(r"^(?P<d>\d+)-(?P<h>\d{1,2}):(?P<m>\d{2}):(?P<s>\d{2})$"),
-    re.compile(r"^(?P<h>\d+):(?P<m>\d{2}):(?P<s>\d{2})$"),
-    re.compile(r"^(?P<m>\d+):(?P<s>\d{2})$"),
+    re.compile(r"(?P<d>[0-9]+)-(?P<h>[0-9]{1,2}):(?P<m>[0-9]{2}):(?P<s>[0-9]{2})"),
+    re.compile(r"(?P<h>[0-9]+):(?P<m>[0-9]{2}):(?P<s>[0-9]{2})"),
+    re.compile(r"(?P<m>[0-9]+):(?P<s>[0-9]{2})"),
 )
-_NO_NODES = frozenset({"", "(NULL)", "NONE ASSIGNED", "NONE"})
-# A host list cannot reasonably name more hosts than this; a range such as
-# node[1-999999999] is refused instead of eating the coordinator's memory.
-MAX_HOSTS = 100_000
-
-
-def check_job_id(job_id: object) -> str:
-    """A plain numeric job id, as sbatch --parsable returns it.
-
-    Refusing anything else also keeps a value that starts with '-' from ever
-    reaching a Slurm command as an option.
-    """
-    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
-        raise ValueError(f"job_id={job_id!r}: must be a numeric Slurm job id")
-    return job_id
+_SBATCH_PARSABLE = re.compile(r"([0-9]+)(?:;[A-Za-z0-9_.\-]+)?")
 
 
 def parse_sbatch_parsable(stdout: str) -> str:
@@ -95,8 +90,8 @@ def parse_sbatch_parsable(stdout: str) -> str:
     lines = [line.strip() for line in stdout.splitlines() if line.strip()]
     if len(lines) != 1:
         raise ValueError(f"expected one line 'JOBID[;CLUSTER]' from sbatch --parsable, got {stdout!r}")
-    match = re.match(r"^([0-9]+)(?:;[A-Za-z0-9_.\-]+)?$", lines[0])
-    if not match:
+    match = _SBATCH_PARSABLE.fullmatch(lines[0])
+    if not match or not is_job_id(match.group(1)):
         raise ValueError(f"expected 'JOBID[;CLUSTER]' from sbatch --parsable, got {lines[0]!r}")
     return match.group(1)
 
@@ -109,7 +104,7 @@ def parse_slurm_timestamp(text: str) -> float | None:
     value = text.strip()
     if value.upper() in _NO_TIME:
         return None
-    if not _TIMESTAMP.match(value):
+    if not _TIMESTAMP.fullmatch(value):
         raise ValueError(f"not a Slurm timestamp (YYYY-MM-DDTHH:MM:SS): {text!r}")
     try:
         return float(calendar.timegm(time.strptime(value, "%Y-%m-%dT%H:%M:%S")))
@@ -127,7 +122,7 @@ def parse_time_left(text: str) -> float | None:
     if value.upper() in _NO_TIME_LEFT:
         return None
     for pattern in _TIME_LEFT:
-        match = pattern.match(value)
+        match = pattern.fullmatch(value)
         if match:
             parts = {k: int(v) for k, v in match.groupdict().items()}
             # Only the leading component may exceed its usual range.
@@ -137,82 +132,6 @@ def parse_time_left(text: str) -> float | None:
             return float(parts.get("d", 0) * 86400 + parts.get("h", 0) * 3600
                          + parts["m"] * 60 + parts["s"])
     raise ValueError(f"not a Slurm time left (D-HH:MM:SS, HH:MM:SS, MM:SS or UNLIMITED): {text!r}")
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split at commas that are not inside brackets; refuse unbalanced brackets."""
-    items, depth, current = [], 0, []
-    for char in text:
-        if char == "[":
-            depth += 1
-            if depth > 1:
-                raise ValueError(f"nested '[' in host list {text!r}")
-        elif char == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"unbalanced ']' in host list {text!r}")
-        if char == "," and depth == 0:
-            items.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    if depth:
-        raise ValueError(f"unbalanced '[' in host list {text!r}")
-    items.append("".join(current))
-    return items
-
-
-def _expand_range_set(body: str, whole: str) -> list[str]:
-    """``1-3,07`` -> ['1', '2', '3', '07']; zero padding follows the low bound."""
-    numbers: list[str] = []
-    for part in body.split(","):
-        match = re.match(r"^(\d+)(?:-(\d+))?$", part)
-        if not match:
-            raise ValueError(f"bad range {part!r} in host list {whole!r}")
-        low, high = match.group(1), match.group(2)
-        if high is None:
-            numbers.append(low)
-            continue
-        if int(high) < int(low):
-            raise ValueError(f"range {part!r} runs backwards in host list {whole!r}")
-        if int(high) - int(low) + 1 > MAX_HOSTS:
-            raise ValueError(f"range {part!r} in host list {whole!r} names more than {MAX_HOSTS} hosts")
-        width = len(low)
-        numbers.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
-    return numbers
-
-
-def expand_hostlist(text: str) -> tuple[str, ...]:
-    """Every host name in a Slurm host list, in order.
-
-    ``cpu-[1-2],gpua-1`` -> ``('cpu-1', 'cpu-2', 'gpua-1')``. Several bracket
-    groups in one name expand to their product (``r[1-2]n[1-2]``). An empty
-    list (a pending job) and Slurm's ``(null)`` / ``None assigned`` give ().
-    Pure, so the coordinator never needs ``scontrol show hostnames``.
-    """
-    value = text.strip()
-    if value.upper() in _NO_NODES:
-        return ()
-    if re.search(r"\s", value):
-        raise ValueError(f"blank inside host list {text!r}")
-    hosts: list[str] = []
-    for item in _split_top_level(value):
-        if not item:
-            raise ValueError(f"empty host name in host list {text!r}")
-        pieces = re.split(r"(\[[^\[\]]*\])", item)
-        choices: list[list[str]] = []
-        for piece in pieces:
-            if piece.startswith("["):
-                choices.append(_expand_range_set(piece[1:-1], text))
-            elif piece:
-                choices.append([piece])
-        count = 1
-        for options in choices:
-            count *= len(options)
-        if len(hosts) + count > MAX_HOSTS:
-            raise ValueError(f"host list {text[:80]!r} names more than {MAX_HOSTS} hosts")
-        hosts.extend("".join(combo) for combo in itertools.product(*choices))
-    return tuple(hosts)
 
 
 def _timing(state: JobState, submit: float | None, start: float | None, end: float | None,
@@ -249,7 +168,7 @@ def parse_squeue_line(line: str) -> JobInfo:
         raise ValueError(f"expected {len(SQUEUE_FIELDS)} fields, got {len(parts)}: {line!r}")
     raw = dict(zip((name for name, _ in SQUEUE_FIELDS), parts))
     job_id = raw["job_id"].strip()
-    if not _JOB_ID.match(job_id):
+    if not is_job_id(job_id):
         raise ValueError(f"bad job id {job_id!r} in squeue line {line!r}")
     raw_state = raw["state"].strip()
     state = translate_state(raw_state)
@@ -352,7 +271,7 @@ def parse_sacct_output(stdout: str, job_ids: Iterable[str]) -> dict[str, JobInfo
     return jobs
 
 
-_TEST_ONLY = re.compile(r"\bJob (\d+) to start at (\S+)")
+_TEST_ONLY = re.compile(r"\bJob ([0-9]+) to start at (\S+)", re.ASCII)
 
 
 def parse_test_only(stderr: str) -> float:
@@ -378,21 +297,12 @@ def ended_unknown(job_id: str, job_name: str) -> JobInfo:
 
 
 def normalise_signal(name: object) -> str:
-    """``TERM``, ``SIGTERM``, ``term`` or ``15`` -> ``TERM`` (what scancel accepts)."""
-    if isinstance(name, int) and not isinstance(name, bool):
-        name = str(name)
-    if not isinstance(name, str):
-        raise ValueError(f"signal={name!r}: must be a signal name such as 'TERM'")
-    value = name.strip().upper()
-    if value.isdigit():
-        try:
-            return _signal.Signals(int(value)).name[3:]
-        except ValueError:
-            raise ValueError(f"signal={name!r}: unknown signal number") from None
-    value = value[3:] if value.startswith("SIG") else value
-    if not re.match(r"^[A-Z0-9+]+$", value) or not hasattr(_signal.Signals, "SIG" + value):
-        raise ValueError(f"signal={name!r}: unknown signal")
-    return value
+    """``TERM``, ``SIGTERM``, ``term`` or ``15`` -> ``TERM`` (what scancel accepts).
+
+    :func:`~elastic_ray.config.slurm_values.signal_name` under the name the
+    scheduler has always used; ValueError says "signal".
+    """
+    return signal_name(name)
 
 
 # --------------------------------------------------------------------------

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import enum
 import math
-import signal as _signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from ...config.slurm_values import is_job_id, parse_signal_name  # noqa: F401 - parse_signal_name is re-exported
 from ..base import JobInfo, JobState
 from .cluster import Holding, Placement, ResourceRequest, compress_hostlist
 
@@ -147,8 +147,8 @@ class JobRecord:
         if data.get("version") != RECORD_VERSION:
             raise ValueError(f"version {data.get('version')!r} is not {RECORD_VERSION}")
         job_id = _req(data, "job_id", str)
-        if not job_id.isdigit():
-            raise ValueError(f"job_id {job_id!r} is not digits")
+        if not is_job_id(job_id):
+            raise ValueError(f"job_id {job_id!r} is not a job id (1 to 20 digits 0-9)")
         env = _req(data, "env", dict)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ValueError("'env' must map strings to strings")
@@ -464,23 +464,8 @@ def decide(view: RunView) -> Action:
 # --------------------------------------------------------------------------
 # Signals and the node environment.
 
-def parse_signal_name(text: str | int) -> _signal.Signals:
-    """``"USR1"``, ``"SIGUSR1"``, ``"10"`` or ``10`` -> ``Signals.SIGUSR1``; ValueError otherwise."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return _signal.Signals(text)
-    if not isinstance(text, str):
-        raise ValueError(f"not a signal: {text!r}")
-    value = text.strip().upper()
-    if value.isdigit():
-        try:
-            return _signal.Signals(int(value))
-        except ValueError:
-            raise ValueError(f"unknown signal number {value}") from None
-    name = value if value.startswith("SIG") else "SIG" + value
-    try:
-        return _signal.Signals[name]
-    except KeyError:
-        raise ValueError(f"unknown signal {text!r}") from None
+# parse_signal_name (imported above) is the one signal parser of
+# config/slurm_values.py: the supervisor reads warning_signal with it.
 
 
 # Variables a job must never inherit from its submitter: they describe the
