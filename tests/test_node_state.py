@@ -152,9 +152,9 @@ def test_null_is_refused_where_the_agent_always_writes_a_value(key):
 @pytest.mark.parametrize("changes,match", [
     ({"state": "SLEEPING"}, "'state': 'SLEEPING' is not one of WAITING_FOR_HEAD"),
     ({"role": "driver"}, "'role': 'driver' is not one of head, worker"),
-    ({"job_id": "12; rm -rf /"}, "job_id: '12; rm -rf /' is not a job id"),
-    ({"head_job": "../7"}, "head_job: '../7' is not a job id"),
-    ({"gave_up_on": "x"}, "gave_up_on: 'x' is not a job id"),
+    ({"job_id": "12; rm -rf /"}, "job_id='12; rm -rf /': is not a job id"),
+    ({"head_job": "../7"}, "head_job='../7': is not a job id"),
+    ({"gave_up_on": "x"}, "gave_up_on='x': is not a job id"),
     ({"node": ""}, "'node' must not be empty"),
     ({"pid": 0}, "'pid' must be a positive process id"),
     ({"ray_pid": -3}, "'ray_pid' must be a positive process id"),
