@@ -14,7 +14,7 @@ import pytest
 from elastic_ray import SlurmAllocationEnded, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.coordinator.session import Session
 from elastic_ray.config.launcher import RayLauncher
-from tests.helpers import committed_units as committed, wait_until
+from tests.helpers import committed_units as committed, stays, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -212,5 +212,6 @@ def test_without_workers_replace_head_submits_a_new_head_allocation(new_session)
     rec = s.record()
     assert rec.head_job == new.job_id and old.job_id in rec.predecessors and rec.successor is None
     # The new head keeps serving: it must not mistake the old pointer for a move.
-    time.sleep(3)
+    stays(lambda: (h := s.head) is not None and h.job_id == new.job_id, 3, 0.3, f"head {new.job_id} staying healthy",
+          show=s.observe_head)
     assert s.replace_head(timeout=10).job_id == new.job_id
