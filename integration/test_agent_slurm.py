@@ -44,6 +44,7 @@ _spec = importlib.util.spec_from_file_location(
 _helpers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_helpers)
 wait_until = _helpers.wait_until
+stays = _helpers.stays
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -500,11 +501,15 @@ def test_workers_follow_a_moved_head_in_seconds_then_release_without_one(run):
     with ControlClient(old["control"], run.session.secret, run.session.info.session_id) as client:
         reply = client.request("drain", {"deadline": time.time() + 120, "reason": "test: the head moves"}, timeout=5)
     assert reply["state"] == "DRAINING", reply
-    drained_at = time.time()
-    while time.time() - drained_at < 2:   # a window of observation (4 pointer polls), polled
-        assert all(run.state(name).get("node_id") == before[name] for name in live)
-        assert run.state(run.head_job)["state"] == "DRAINING"
-        time.sleep(0.25)
+
+    def workers_stay_put() -> bool:
+        now = {name: run.state(name).get("node_id") for name in live}
+        moved = {name: node for name, node in now.items() if node != before[name]}
+        assert not moved, f"node ids changed: {moved}"
+        assert run.state(run.head_job)["state"] == "DRAINING", run.state(run.head_job)
+        return True
+    # a window of observation (4 pointer polls)
+    stays(workers_stay_put, 2, 0.25, "the workers stay on the draining head")
     t_switch = time.time()
     run.session.dir.write_ray_head(new_head)
 

@@ -7,15 +7,22 @@ timeout, so a broken lab fails in bounded time even without pytest-timeout.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Callable
 
 import pytest
+
+# tests/helpers.py, loaded by path: a plain `import helpers` could pick up
+# another directory's module of the same name.
+_spec = importlib.util.spec_from_file_location(
+    "elastic_ray_tests_helpers", Path(__file__).resolve().parent.parent / "tests" / "helpers.py")
+_helpers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_helpers)
+wait_until = _helpers.wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -36,18 +43,6 @@ def run(*cmd: str, timeout: float = 60, check: bool = True) -> subprocess.Comple
     return cp
 
 
-def poll_until(pred: Callable[[], object], timeout: float, what: str, interval: float = 0.2):
-    """Return pred()'s first truthy value; fail with the last value seen after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {value!r}")
-        time.sleep(interval)
-
-
 def job_state(job_id: str) -> str:
     # -t all keeps finished jobs visible (for MinJobAge seconds).
     cp = run("squeue", "-h", "-j", job_id, "-t", "all", "-o", "%T", check=False)
@@ -55,7 +50,7 @@ def job_state(job_id: str) -> str:
 
 
 def wait_final(job_id: str, timeout: float = 60) -> str:
-    return poll_until(lambda: (st := job_state(job_id)) in FINAL_STATES and st, timeout,
+    return wait_until(lambda: (st := job_state(job_id)) in FINAL_STATES and st, timeout, 0.2,
                       f"job {job_id} to finish")
 
 
@@ -116,7 +111,7 @@ def test_sinfo_shows_partitions_and_idle_nodes(slurm_lab):
         ok = {r["node"] for r in rows} == set(want) and all(r["state"] == "idle" for r in rows)
         return rows if ok else None
 
-    rows = poll_until(all_idle, 30, "every lab node to be idle")
+    rows = wait_until(all_idle, 30, 0.2, "every lab node to be idle")
     assert {r["partition"] for r in rows} == {"cpu", "gpu-a", "gpu-b"} == slurm_lab.partitions
     assert len({r["node"] for r in rows}) == len(slurm_lab.nodes) >= 4
     assert {"cpu-1", "cpu-2", "gpua-1", "gpub-1"} <= set(want)
@@ -231,7 +226,7 @@ print(data.decode(), "| client", socket.gethostname())
 def test_tcp_between_nodes(slurm_lab, jobs):
     port = "47811"
     job_id = jobs.sbatch("-p", "cpu", "-N", "2", "-o", "/dev/null", "--wrap", "sleep 300")
-    poll_until(lambda: job_state(job_id) == "RUNNING", 30, f"job {job_id} to run")
+    wait_until(lambda: job_state(job_id) == "RUNNING", 30, 0.2, f"job {job_id} to run")
 
     step = ("srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1")
     listener = subprocess.Popen([*step, "-w", "cpu-2", PY, "-c", LISTENER, port],

@@ -2,7 +2,9 @@
 
 ``wait_until`` replaces fixed sleeps: a test that waits for a state polls for
 it with a deadline, so it is as fast as the system allows and, when it fails,
-says what it waited for and what it saw last.
+says what it waited for and what it saw last. ``stays`` is its mirror for
+"nothing happens" checks: it watches a condition for a whole period and fails
+the moment it stops holding, instead of sleeping and looking once at the end.
 """
 
 from __future__ import annotations
@@ -13,34 +15,77 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from elastic_ray.polling import WaitTimeout, wait_for
 from elastic_ray.protocol.records import AgentState, NodeState
 
 T = TypeVar("T")
 
 
+class _Raised:
+    """A look whose predicate raised: not done, and reported as what was seen."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.text = f"raised {type(exc).__name__}: {exc}"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return repr(self.text)
+
+
 def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.2,
-               message: str = "condition") -> T:
+               message: str = "condition", *, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> T:
     """Call ``predicate`` until it returns something truthy; return that value.
 
     Raises ``AssertionError`` naming ``message`` and the last value returned
     (or the last exception raised) once ``timeout`` seconds have passed. The
     predicate is always tried at least once, and once more at the deadline.
+    A caller that wants to know how long it took measures that itself.
     """
-    deadline = time.monotonic() + timeout
-    last: object = None
+    def look() -> T | _Raised:
+        try:
+            return predicate()
+        except Exception as exc:  # noqa: BLE001 - reported if the deadline passes
+            return _Raised(exc)
+
+    try:
+        return wait_for(look, timeout=timeout, interval=interval, what=message,  # type: ignore[return-value]
+                        clock=clock, sleep=sleep)
+    except WaitTimeout as exc:
+        raise AssertionError(f"timed out after {timeout:g} s waiting for {message}; "
+                             f"last value: {exc.last!r}") from None
+
+
+def stays(predicate: Callable[[], object], seconds: float, interval: float = 0.1,
+          message: str = "condition", *, show: Callable[[], object] | None = None,
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Check that ``predicate`` keeps holding for ``seconds``, looking every ``interval``.
+
+    The first look is at once and the last one at the end of the period. The
+    moment a look returns something falsy (or raises), fail with an
+    ``AssertionError`` naming ``message``, when it happened and what was seen
+    (``show()`` if given, to name what changed, else the returned value or
+    the exception).
+    """
+    start = clock()
+    end = start + seconds
     while True:
         try:
             value = predicate()
-        except Exception as exc:  # noqa: BLE001 - reported if the deadline passes
-            last = f"raised {type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - an assert inside the predicate counts as a change
+            value, seen = False, f"raised {type(exc).__name__}: {exc}"
         else:
-            if value:
-                return value
-            last = value
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {message}; last value: {last!r}")
-        time.sleep(min(interval, remaining))
+            seen = f"returned {value!r}"
+        now = clock()
+        if not value:
+            if show is not None:
+                seen = f"now {show()!r}"
+            raise AssertionError(f"{message} stopped holding after {now - start:.1f} of {seconds:g} s: {seen}")
+        if now >= end:
+            return
+        sleep(min(interval, end - now))
 
 
 # A node command for scheduler tests, run by both backends (on Slurm inside the

@@ -29,7 +29,7 @@ from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.protocol.channel import ControlClient
 from elastic_ray.protocol.frames import MAX_FRAME_BYTES, REQUEST_KINDS, seal, sign
 
-from tests.helpers import wait_until
+from tests.helpers import stays, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
@@ -303,12 +303,14 @@ def test_an_unreadable_pointer_keeps_the_live_head(shared):
     head = session.dir.read_ray_head()
     try:
         session.dir.ray_head_file.write_text("not a job id\n")
-        deadline = time.time() + 3
-        while time.time() < deadline:   # 6 pointer polls and more than head_lost_after
+
+        def still_joined() -> bool:
             state = ControlClient(before["control"], session.dir.secret(), session.info.session_id).request(
                 "status", {}, timeout=5)["status"]
             assert state["state"] == "JOINED" and state["node_id"] == before["node_id"], state
-            time.sleep(0.3)
+            return True
+        # 6 pointer polls and more than head_lost_after
+        stays(still_joined, 3, 0.3, "the worker staying JOINED on its node")
     finally:
         session.dir.write_ray_head(head)
     log = (session.dir.log_dir / f"agent-{worker.job_id}-{before['node']}.log").read_text()
@@ -331,11 +333,11 @@ def test_a_stalled_head_agent_does_not_make_workers_leave(shared):
     client = ControlClient(before["control"], session.dir.secret(), session.info.session_id)
     agent.suspend()
     try:
-        stalled = time.time()
-        while time.time() - stalled < 6:   # a window of observation, polled
+        def still_joined() -> bool:
             state = client.request("status", {}, timeout=5)["status"]
             assert state["state"] == "JOINED" and state["node_id"] == before["node_id"], state
-            time.sleep(0.3)
+            return True
+        stays(still_joined, 6, 0.3, "the worker staying JOINED on its node")   # a window of observation
     finally:
         agent.resume()
     log = (session.dir.log_dir / f"agent-{worker.job_id}-{before['node']}.log").read_text()

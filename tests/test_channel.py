@@ -25,6 +25,7 @@ from elastic_ray.protocol.channel import (
     HeartbeatSubscriber,
 )
 from elastic_ray.protocol.frames import MAX_FRAME_BYTES, REQUEST_KINDS, seal, sign
+from tests.helpers import wait_until
 
 SECRET = bytes(range(32))
 WRONG_SECRET = bytes(range(100, 132))
@@ -91,15 +92,6 @@ def served(ctx):
 
 def client_for(st: ServerThread, ctx, **kw) -> ControlClient:
     return ControlClient(st.server.endpoint, SECRET, SID, context=ctx, **kw)
-
-
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def free_port() -> int:
@@ -291,7 +283,7 @@ def test_replayed_request_runs_once(served, ctx):
         dealer.send_multipart(request)
         beat = seal(SECRET, SID, "heartbeat", {"src": "a", "seq": 1})
         dealer.send_multipart(beat)  # an overheard heartbeat is not a request
-        assert wait_for(lambda: sum(served.server.rejected.values()) == 2)
+        wait_until(lambda: sum(served.server.rejected.values()) == 2, 5, 0.01, "two rejections")
         assert served.server.rejected == {"replay": 1, "unexpected_kind": 1}
         assert len(served.calls) == 1
         assert dealer.poll(100) == 0  # rejected frames get no reply
@@ -304,7 +296,7 @@ def test_rejections_are_logged_with_peer(served, ctx, caplog):
     try:
         with caplog.at_level("WARNING", logger="elastic_ray.protocol.channel"):
             dealer.send_multipart([b"hello"])
-            assert wait_for(lambda: served.server.rejected["parts"] == 1)
+            wait_until(lambda: served.server.rejected["parts"] == 1, 5, 0.01, "the 'parts' rejection")
         lines = [r.getMessage() for r in caplog.records]
         assert any(line.startswith("event=frame_rejected reason=parts peer=127.0.0.1") for line in lines), lines
     finally:
@@ -442,7 +434,8 @@ def test_fuzz_nothing_accepted_server_survives(served, ctx):
                 bulk.send_multipart(parts)
                 expected[reason] += 1
         sent = time.monotonic()
-        assert wait_for(lambda: sum(served.server.rejected.values()) >= sum(expected.values()), 15)
+        wait_until(lambda: sum(served.server.rejected.values()) >= sum(expected.values()), 15, 0.01,
+                   "every bad frame to be rejected")
         assert dict(served.server.rejected) == dict(expected)
         assert served.calls == [] and served.server.accepted == 20
         assert bulk.poll(200) == 0, "a rejected frame was answered"
@@ -463,13 +456,10 @@ def test_fuzz_nothing_accepted_server_survives(served, ctx):
 
 def receive_first(sub: HeartbeatSubscriber, send, timeout: float = 3.0):
     """PUB/SUB joins late: keep sending until the subscriber hears one."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def sent_and_heard():
         send()
-        beat = sub.poll(0.05)
-        if beat is not None:
-            return beat
-    raise AssertionError("no heartbeat received")
+        return sub.poll(0.05)   # listening is the pause between sends
+    return wait_until(sent_and_heard, timeout, 0.001, "a heartbeat to be received")
 
 
 def test_heartbeat_round_trip(ctx):
@@ -481,7 +471,7 @@ def test_heartbeat_round_trip(ctx):
         assert sub.last is first and sub.last_seen is not None
         for _ in range(3):
             pub.publish({"head_job": "42"})
-        assert wait_for(lambda: (sub.poll(0.05) or sub.last).body["seq"] == pub.seq, 2)
+        wait_until(lambda: (sub.poll(0.05) or sub.last).body["seq"] == pub.seq, 2, 0.01, "the last heartbeat")
         assert not sub.rejected
         with pytest.raises(ValueError, match="set by the publisher"):
             pub.publish({"seq": 1})

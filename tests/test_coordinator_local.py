@@ -15,7 +15,7 @@ from elastic_ray import SlurmAllocationEnded, SlurmRunAllocationConfig, SlurmWor
 from elastic_ray.coordinator.session import Session
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.protocol.records import AgentState
-from tests.helpers import committed_units as committed, wait_until
+from tests.helpers import committed_units as committed, stays, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -213,5 +213,6 @@ def test_without_workers_replace_head_submits_a_new_head_allocation(new_session)
     rec = s.record()
     assert rec.head_job == new.job_id and old.job_id in rec.predecessors and rec.successor is None
     # The new head keeps serving: it must not mistake the old pointer for a move.
-    time.sleep(3)
+    stays(lambda: (h := s.head) is not None and h.job_id == new.job_id, 3, 0.3, f"head {new.job_id} staying healthy",
+          show=s.observe_head)
     assert s.replace_head(timeout=10).job_id == new.job_id

@@ -25,6 +25,7 @@ from elastic_ray.coordinator.election import (
     choose_head,
     claim,
     head_is_healthy,
+    holds_claim,
     live_claim,
     live_workers,
     needs_election,
@@ -32,7 +33,9 @@ from elastic_ray.coordinator.election import (
     release,
     time_left_at,
 )
-from elastic_ray.protocol.records import AllocationRecord, ElectionClaim, WorkerRecord
+from elastic_ray.coordinator.claims import election_claim
+from elastic_ray.protocol.records import AllocationRecord, ElectionClaim, SessionInfo, WorkerRecord
+from elastic_ray.protocol.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobInfo, JobState
 
 NOW = 1_700_000_000.0
@@ -334,6 +337,68 @@ def test_release():
     assert release(expired_foreign, "b") is expired_foreign
     free = rec()
     assert release(free, "a") is free
+
+
+def test_holds_claim_says_who_won():
+    record, _ = claim(rec(), "a", NOW)
+    assert holds_claim(record, "a")
+    assert not holds_claim(record, "b")
+    assert not holds_claim(rec(), "a")
+    # the record a loser gets back still names the winner
+    refused, ok = claim(record, "b", NOW + 1)
+    assert not ok and not holds_claim(refused, "b") and holds_claim(refused, "a")
+
+
+# ---------------------------------------------------------------- the claim helper (a context manager)
+
+@pytest.fixture
+def session_dir(tmp_path) -> SessionDir:
+    info = SessionInfo(session_id="s-1", job_name="er-test", created_at=1.0, scheduler={"kind": "local"},
+                       head={"partition": "cpu", "time_limit": "60"})
+    return SessionDir.create(tmp_path / "sess", info)
+
+
+def test_claim_helper_takes_and_releases(session_dir):
+    with election_claim(session_dir, "a", 120.0, clock=lambda: NOW) as outcome:
+        assert outcome.held and outcome.holder is None
+        held = session_dir.read_allocation().election
+        assert held == ElectionClaim("a", since=NOW, expires=NOW + 120.0)
+        assert outcome.record.election == held, "the record as the claim left it"
+    assert session_dir.read_allocation().election is None
+
+
+def test_claim_helper_releases_on_an_exception(session_dir):
+    with pytest.raises(RuntimeError, match="elector failed"):
+        with election_claim(session_dir, "a", 120.0, clock=lambda: NOW):
+            raise RuntimeError("elector failed")
+    assert session_dir.read_allocation().election is None
+
+
+def test_claim_helper_reports_someone_elses_live_claim_and_leaves_it(session_dir):
+    with election_claim(session_dir, "a", 60.0, clock=lambda: NOW):
+        generation = session_dir.read_allocation().generation
+        with election_claim(session_dir, "b", 60.0, clock=lambda: NOW + 10) as other:
+            assert not other.held
+            assert other.holder == ElectionClaim("a", since=NOW, expires=NOW + 60.0)
+        after = session_dir.read_allocation()
+        assert after.election == other.holder, "a loser never releases the winner's claim"
+        assert after.generation == generation, "losing writes nothing"
+
+
+def test_claim_helper_takes_over_an_expired_claim(session_dir):
+    session_dir.update_allocation(lambda r: replace(r, election=ElectionClaim("dead", since=NOW - 300,
+                                                                              expires=NOW - 180)))
+    with election_claim(session_dir, "b", 120.0, clock=lambda: NOW) as outcome:
+        assert outcome.held
+        assert session_dir.read_allocation().election == ElectionClaim("b", since=NOW, expires=NOW + 120.0)
+    assert session_dir.read_allocation().election is None
+
+
+def test_claim_helper_refuses_a_bad_period_before_writing(session_dir):
+    with pytest.raises(ValueError, match="period"):
+        with election_claim(session_dir, "a", 0.0):
+            pass
+    assert session_dir.read_allocation().election is None
 
 
 # ---------------------------------------------------------------- apply_new_head

@@ -66,7 +66,7 @@ from elastic_ray.scheduler.local.record import (
     time_left,
     warning_time,
 )
-from helpers import marker_events, wait_until, write_marker_script
+from helpers import marker_events, stays, wait_until, write_marker_script
 
 CLUSTER = LocalCluster.default()
 FINAL = [s for s in JobState if s.is_final]
@@ -605,10 +605,8 @@ def test_pending_job_starts_when_capacity_frees(sched, tmp_path, script):
                       5, 0.05, "waiter pending for Resources")
     assert info.state is JobState.PENDING and info.start_time is None
     # It stays pending while the hog runs (polled a few scheduling rounds).
-    deadline = time.time() + 4 * sched.cluster.sched_interval
-    while time.time() < deadline:
-        assert _state(sched, waiter) is JobState.PENDING
-        time.sleep(0.05)
+    stays(lambda: _state(sched, waiter) is JobState.PENDING, 4 * sched.cluster.sched_interval, 0.05,
+          f"job {waiter} staying PENDING", show=lambda: _state(sched, waiter))
     release.touch()
     hog_info = _wait_state(sched, hog, JobState.COMPLETED)
     waiter_info = _wait_state(sched, waiter, JobState.COMPLETED, timeout=5)

@@ -27,6 +27,7 @@ from elastic_ray.agent.ray_args import build_ray_start, choose_ports
 from elastic_ray.agent.ray_node import RayNode, free_port
 from elastic_ray.config import SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
+from tests.helpers import stays, wait_until
 
 TEMP_ROOT = "/tmp/er-t"
 LAUNCHER = RayLauncher(object_store_memory=100_000_000)   # 30 % of RAM per node otherwise
@@ -111,25 +112,14 @@ def own_nodes(temp_root):
 
 
 def wait_own_node(address: str, node: RayNode, timeout: float = START_TIMEOUT) -> gcs.NodeRecord:
-    deadline = time.monotonic() + timeout
-    while True:
+    def alive() -> gcs.NodeRecord | None:
         if node.poll_exit() is not None:
             pytest.fail(f"ray start exited {node.poll_exit()}:\n{node.log_tail()}")
-        record = gcs.own_node(address, node.command.temp_dir, timeout=10)
-        if record is not None:
-            return record
-        if time.monotonic() > deadline:
-            pytest.fail(f"node under {node.command.temp_dir} not ALIVE after {timeout} s:\n{node.log_tail()}")
-        time.sleep(0.2)
-
-
-def wait_until(predicate, timeout: float, poll: float = 0.05) -> float | None:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if predicate():
-            return time.monotonic() - started
-        time.sleep(poll)
-    return None
+        return gcs.own_node(address, node.command.temp_dir, timeout=10)
+    try:
+        return wait_until(alive, timeout, 0.2, f"node under {node.command.temp_dir} to be ALIVE")
+    except AssertionError as exc:
+        pytest.fail(f"{exc}:\n{node.log_tail()}")
 
 
 class Cluster:
@@ -137,8 +127,11 @@ class Cluster:
         t0 = time.monotonic()
         self.head = nodes.start("head", "h", "127.0.0.2", job_id="100")
         self.address = self.head.command.gcs_address
-        ready = wait_until(lambda: gcs.gcs_ready(self.address, timeout=5) is not None, START_TIMEOUT, poll=0.2)
-        assert ready is not None, self.head.log_tail()
+        try:
+            wait_until(lambda: gcs.gcs_ready(self.address, timeout=5) is not None, START_TIMEOUT, 0.2,
+                       "the head's GCS to answer")
+        except AssertionError as exc:
+            pytest.fail(f"{exc}:\n{self.head.log_tail()}")
         _timing("head: launch to GCS answering", time.monotonic() - t0)
         t1 = time.monotonic()
         self.workers = [
@@ -245,11 +238,12 @@ def test_raylet_sigkill_ends_the_node(cluster, own_nodes):
     raylet = node.raylet_pid()
     assert raylet is not None and raylet in {p.pid for p in node.members()}
     os.kill(raylet, signal.SIGKILL)            # our own raylet, found in our own session
-    took = wait_until(lambda: node.poll_exit() is not None, 10)
-    assert took is not None, "ray start did not notice the dead raylet"
+    killed_at = time.monotonic()
+    wait_until(lambda: node.poll_exit() is not None, 10, 0.05, "ray start to notice the dead raylet")
+    took = time.monotonic() - killed_at
     _timing("raylet SIGKILL to `ray start` exit", took)
     assert node.poll_exit() not in (0, None) and took < 3.0
-    assert wait_until(lambda: not node.members(), 5) is not None, node.members()
+    wait_until(lambda: not node.members(), 5, 0.05, "the node's processes to be gone")
     assert not session_pids(node.sid)
     assert record.node_id            # the GCS notices later, through its health check
 
@@ -265,18 +259,17 @@ def test_drain_idle_worker(cluster, own_nodes):
                             deadline_ms=int(time.time() * 1000) + 60_000)
     _timing("probe 'drain' round trip", time.monotonic() - t)
     assert result.accepted, result.message
-    took = wait_until(lambda: not node.raylet_alive(), 30)
-    assert took is not None, "an idle drained node should end by itself"
-    _timing("drain accepted to raylet exit", took)
-    dead = wait_until(lambda: not gcs.node_alive(cluster.address, record.node_id), 10, poll=0.2)
-    assert dead is not None
+    accepted_at = time.monotonic()
+    wait_until(lambda: not node.raylet_alive(), 30, 0.05, "the idle drained node to end by itself")
+    _timing("drain accepted to raylet exit", time.monotonic() - accepted_at)
+    wait_until(lambda: not gcs.node_alive(cluster.address, record.node_id), 10, 0.2, "the GCS to see it DEAD")
     mine = [n for n in gcs.list_nodes(cluster.address) if n.node_id == record.node_id]
     assert len(mine) == 1 and mine[0].state == "DEAD"
     assert mine[0].death_reason == 3 and mine[0].death_reason_name == "AUTOSCALER_DRAIN_PREEMPTED"
     assert mine[0].death_message == "slurm walltime (test)"
     # Ray 2.60: the raylet exited 0, which `ray start --block` treats as expected -- it stays.
-    time.sleep(1.0)
-    assert node.launcher_alive() and node.poll_exit() is None
+    stays(lambda: node.launcher_alive() and node.poll_exit() is None, 1.0, 0.1, "`ray start` staying up",
+          show=node.poll_exit)
     assert node.members(), "ray start and its log monitor should still be there"
     report = node.stop(grace=5)
     _timing(f"stop() of a drained node (phases {_phases(report)}, killed: {report.killed})", report.seconds)
@@ -350,7 +343,8 @@ def test_token_auth_head_and_probe(temp_root, own_nodes):
     node = RayNode.start(cmd, os.path.join(temp_root, "ht.log"))
     own_nodes.started.append(node)
     with_token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
-    assert wait_until(lambda: gcs.gcs_ready(cmd.gcs_address, 5, env=with_token) is not None, 60, 0.2) is not None
+    wait_until(lambda: gcs.gcs_ready(cmd.gcs_address, 5, env=with_token) is not None, 60, 0.2,
+               "the GCS to answer with the token")
     home = {"HOME": temp_root}          # no ~/.ray/auth_token to fall back on
     for env in ({"RAY_AUTH_MODE": "disabled", **home}, {"RAY_AUTH_MODE": "token", **home},
                 {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64, **home}):
@@ -388,8 +382,8 @@ def test_stop_and_kill_leave_nothing(cluster):
     _timing(f"stop() of a worker (phases {_phases(report)}, killed: {report.killed})", report.seconds)
     assert report.seconds < 2.0 and not report.killed
     assert not w2.members() and not session_pids(w2.sid)
-    died = wait_until(lambda: not gcs.node_alive(cluster.address, cluster.worker_records[1].node_id), 5, poll=0.2)
-    assert died is not None
+    wait_until(lambda: not gcs.node_alive(cluster.address, cluster.worker_records[1].node_id), 5, 0.2,
+               "the GCS to see the stopped worker DEAD")
     w2_record = [n for n in gcs.list_nodes(cluster.address) if n.node_id == cluster.worker_records[1].node_id][0]
     assert w2_record.death_reason_name == "EXPECTED_TERMINATION"
 
@@ -438,7 +432,7 @@ def test_node_record_validation():
 def _sleepers() -> tuple[subprocess.Popen, float]:
     """A session of our own with a leader and two children, like a tiny `ray start --block`."""
     proc = subprocess.Popen(["/bin/sh", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
-    wait_until(lambda: len(session_pids(proc.pid)) == 3, 5)
+    wait_until(lambda: len(session_pids(proc.pid)) == 3, 5, 0.05, "the leader and its two children")
     return proc, psutil.Process(proc.pid).create_time()
 
 
@@ -463,7 +457,7 @@ def test_attach_refuses_a_session_whose_leader_is_another_process():
 def test_stop_kills_what_ignores_sigterm():
     proc = subprocess.Popen(["/bin/sh", "-c", "trap '' TERM; sleep 60 & wait"], start_new_session=True)
     try:
-        wait_until(lambda: len(session_pids(proc.pid)) == 2, 5)
+        wait_until(lambda: len(session_pids(proc.pid)) == 2, 5, 0.05, "the shell and its sleep")
         node = RayNode.attach(proc.pid, psutil.Process(proc.pid).create_time())
         report = node.stop(grace=1.0)
         assert report.seconds < 3.5

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from ..coordinator.session import Session
 from ..errors import ElasticRayError
+from ..polling import wait_for
 from ..protocol.records import is_job_id
 from ..scheduler.base import Scheduler
 from .options import OptionError, parse_ray_resources, worker_config
@@ -313,18 +314,17 @@ def teardown_cmd(ctx: click.Context, directory: Path, timeout: float) -> None:
         before = session.query(extra=extra)
         cancelled = sorted((j for j, i in before.items() if i.state.is_active), key=job_sort_key)
         session.teardown()
-        deadline = time.monotonic() + timeout
+
+        def look() -> tuple[dict[str, Any], list[str]]:
+            jobs = session.query(extra=extra)
+            return jobs, sorted((j for j, i in jobs.items() if i.state.is_active), key=job_sort_key)
+
         with Progress(_err(), f"cancelling {len(cancelled)} job(s)") as progress:
-            while True:
-                jobs = session.query(extra=extra)
-                active = sorted((j for j, i in jobs.items() if i.state.is_active), key=job_sort_key)
-                if not active:
-                    break
-                if time.monotonic() > deadline:
-                    raise click.ClickException(
-                        f"{len(active)} job(s) still active {timeout:.0f}s after the cancel: {', '.join(active)}")
-                progress(f"waiting for {len(active)} job(s) to end: {', '.join(active)}")
-                time.sleep(STATE_POLL)
+            jobs, _ = wait_for(  # type: ignore[misc]
+                look, timeout=timeout, interval=STATE_POLL, done=lambda seen: not seen[1],
+                progress=lambda seen: progress(f"waiting for {len(seen[1])} job(s) to end: {', '.join(seen[1])}"),
+                error=lambda seen: click.ClickException(
+                    f"{len(seen[1])} job(s) still active {timeout:.0f}s after the cancel: {', '.join(seen[1])}"))
     finally:
         session.close()
     click.echo(f"cancelled {len(cancelled)} job(s); none of the session's {len(jobs)} job(s) is active")

@@ -23,12 +23,10 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..errors import ElasticRayError, SlurmAllocationEnded, SlurmStepDrained
-
-if TYPE_CHECKING:
-    from .session import Head, Session
+from ..polling import wait_for
+from .ports import DriverSession, HeadRef
 
 log = logging.getLogger("elastic_ray.coordinator")
 
@@ -65,7 +63,7 @@ def driver_argv(kind: str, head_job: str, argv: Sequence[str]) -> list[str]:
 class PayloadRun:
     """A running driver. Create with :meth:`Session.run`."""
 
-    def __init__(self, session: "Session", head: "Head", argv: Sequence[str],
+    def __init__(self, session: DriverSession, head: HeadRef, argv: Sequence[str],
                  env: Mapping[str, str] | None = None, stdout=None, stderr=None):
         self.session = session
         self.head = head
@@ -99,18 +97,19 @@ class PayloadRun:
 
     def _head_gone(self) -> str | None:
         """The reason the head is no longer this driver's, or None."""
-        pointer = self.session.dir.read_ray_head()
+        pointer = self.session.head_pointer()
         if pointer is not None and pointer != self.head.job_id:
             return "REPLACED"
-        info = self.session.scheduler.query(self.session.job_name, [self.head.job_id]).get(self.head.job_id)
+        info = self.session.job_info(self.head.job_id)
         if info is not None and (info.state.is_final or info.state.value == "COMPLETING"):
             return info.state.value
         return None
 
     def wait(self, timeout: float | None = None) -> RunResult:
-        deadline = None if timeout is None else time.monotonic() + timeout
         next_scheduler_check = 0.0
-        while True:
+
+        def finished() -> RunResult | None:
+            nonlocal next_scheduler_check
             rc = self.proc.poll()
             now = time.monotonic()
             if rc is not None or now >= next_scheduler_check:
@@ -131,13 +130,16 @@ class PayloadRun:
                         os.killpg(self.proc.pid, signal.SIGTERM)
                     except ProcessLookupError:
                         pass
-            if rc is not None:
-                if self._drained:
-                    raise SlurmStepDrained(f"the head {self.head.job_id} drains; the driver stopped (exit {rc})")
-                if rc != 0:
-                    raise PayloadFailed(rc, self.argv)
-                return RunResult(rc, self.head.job_id, time.time() - self.started)
-            if deadline is not None and now > deadline:
-                self._stop()
-                raise TimeoutError(f"driver still running after {timeout:.0f}s; stopped it")
-            time.sleep(CHECK_INTERVAL)
+            if rc is None:
+                return None
+            if self._drained:
+                raise SlurmStepDrained(f"the head {self.head.job_id} drains; the driver stopped (exit {rc})")
+            if rc != 0:
+                raise PayloadFailed(rc, self.argv)
+            return RunResult(rc, self.head.job_id, time.time() - self.started)
+
+        result = wait_for(finished, timeout=timeout, interval=CHECK_INTERVAL, raising=False)
+        if result is None:
+            self._stop()
+            raise TimeoutError(f"driver still running after {timeout:.0f}s; stopped it")
+        return result

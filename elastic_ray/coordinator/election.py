@@ -386,6 +386,13 @@ def claim(record: AllocationRecord, claimant: str, now: float,
     return replace(record, election=ElectionClaim(claimant=claimant, since=since, expires=now + period)), True
 
 
+def holds_claim(record: AllocationRecord, claimant: str) -> bool:
+    """Whether the record's claim is ``claimant``'s. Asked of the record that
+    ``update_allocation(claim ...)`` returned, it says who won; expiry is not
+    looked at because that record was written a moment ago."""
+    return record.election is not None and record.election.claimant == claimant
+
+
 def release(record: AllocationRecord, claimant: str) -> AllocationRecord:
     """Give up our claim; someone else's claim (live or not) is left alone,
     so a late elector can never cancel the election that replaced its own."""
@@ -493,5 +500,5 @@ __all__ = [
     "ChoiceKind", "HeadChoice", "UsePublishedSuccessor", "HostOnWorker", "SubmitNewHead",
     "HeadCondition", "HeadAssessment", "LiveWorker",
     "time_left_at", "choose_head", "head_is_healthy", "assess_head", "needs_election",
-    "live_claim", "claim", "release", "apply_new_head", "record_head_failure", "live_workers",
+    "live_claim", "claim", "holds_claim", "release", "apply_new_head", "record_head_failure", "live_workers",
 ]

@@ -11,16 +11,15 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .drivers import PayloadRun
+from typing import Any
 
 from ..config import (
     SlurmRunAllocationConfig,
@@ -30,6 +29,7 @@ from ..config import (
 )
 from ..errors import AllocationFailed, ConfigError, SchedulerError, SlurmAllocationEnded
 from ..config.launcher import RayLauncher
+from ..polling import wait_for
 from ..protocol.channel import ControlClient, ControlError
 from ..protocol.records import AgentState, HostedHeadState, NodeState
 from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
@@ -37,6 +37,8 @@ from ..protocol.session_dir import SessionDir
 from ..scheduler.base import JobInfo, JobState, Scheduler
 from ..scheduler.factory import make_scheduler
 from . import election, submit
+from .claims import ClaimOutcome, election_claim
+from .drivers import PayloadRun
 from .headwatch import HeadObservation, HeadWatch
 from .supervise import HeadSupervisor
 
@@ -211,6 +213,14 @@ class Session:
             ids.add(rec.head_job)
         return self.scheduler.query(self.job_name, sorted(ids, key=int))
 
+    def job_info(self, job_id: str) -> JobInfo | None:
+        """One job's state, in one scheduler call (None if it was not reported)."""
+        return self.scheduler.query(self.job_name, [job_id]).get(job_id)
+
+    def head_pointer(self) -> str | None:
+        """The job ``ray_head`` names now: the head every agent follows."""
+        return self.dir.read_ray_head()
+
     @property
     def worker_allocations(self) -> list[WorkerAllocation]:
         """Live worker allocations (pending or running, not removed), from the shared record."""
@@ -228,22 +238,25 @@ class Session:
 
     def wait_for_head(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> str:
         """Wait until the current head has published its endpoint; returns its address."""
-        deadline = time.monotonic() + timeout
-        while True:
+        head: str | None = None
+
+        def address() -> str | None:
+            nonlocal head
             head = self.dir.read_ray_head()
             if head is not None:
                 endpoint = self.dir.read_head_endpoint(head)
                 if endpoint is not None:
                     return endpoint.address
-                info = self.scheduler.query(self.job_name, [head]).get(head)
+                info = self.job_info(head)
                 if info is not None and info.state.is_final:
                     raise AllocationFailed(f"head job {head} ended {info.state.value} before it was ready; "
                                            f"{self._log_tail(head, 'head')}", state=info.state.value, job_id=head)
                 if progress:
                     progress(f"head {head}: {info.state.value if info else '?'}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no ready head within {timeout:.0f}s; {self._log_tail(head, 'head')}")
-            time.sleep(POLL_INTERVAL)
+            return None
+
+        return wait_for(address, timeout=timeout, interval=POLL_INTERVAL, error=lambda _: TimeoutError(
+            f"no ready head within {timeout:.0f}s; {self._log_tail(head, 'head')}"))  # type: ignore[return-value]
 
     # ------------------------------------------------------------ workers
     def _parent_configs(self, rec: AllocationRecord) -> tuple[SlurmRunAllocationConfig | None, SlurmRunAllocationConfig]:
@@ -280,27 +293,28 @@ class Session:
         if job_id not in rec.workers:
             raise ValueError(f"handle: job {job_id} is not a worker allocation of this session")
         wanted = SlurmWorkerAllocationConfig.from_dict(rec.workers[job_id].config).num_nodes or 1
-        deadline = time.monotonic() + timeout
-        last = ""
-        while True:
+        text = ""
+
+        def all_joined() -> dict[str, str] | None:
+            nonlocal text
             states = self.node_states(job_id)
             joined = {node: s.node_id for node, s in states.items()
                       if s.state is AgentState.JOINED and s.node_id}
             if len(joined) >= wanted:
                 return dict(sorted(joined.items()))
-            info = self.scheduler.query(self.job_name, [job_id]).get(job_id)
+            info = self.job_info(job_id)
             if info is not None and info.state.is_final:
                 raise AllocationFailed(f"worker allocation {job_id} ended {info.state.value} with "
                                        f"{len(joined)}/{wanted} nodes joined; {self._log_tail(job_id, 'worker')}",
                                        state=info.state.value, job_id=job_id)
-            text = f"job {job_id}: {info.state.value if info else '?'}, {len(joined)}/{wanted} nodes joined"
+            last, text = text, f"job {job_id}: {info.state.value if info else '?'}, {len(joined)}/{wanted} nodes joined"
             if progress and text != last:
                 progress(text)
-                last = text
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker allocation {job_id} not joined within {timeout:.0f}s ({text}); "
-                                   f"{self._log_tail(job_id, 'worker')}")
-            time.sleep(POLL_INTERVAL)
+            return None
+
+        return wait_for(all_joined, timeout=timeout, interval=POLL_INTERVAL, error=lambda _: TimeoutError(
+            f"worker allocation {job_id} not joined within {timeout:.0f}s ({text}); "
+            f"{self._log_tail(job_id, 'worker')}"))  # type: ignore[return-value]
 
     def _control(self, endpoint: str) -> ControlClient:
         return ControlClient(endpoint, self.secret, self.info.session_id)
@@ -323,8 +337,10 @@ class Session:
         obs = self.observe_head()
         return Head(obs.job, obs.address, self) if obs.alive and obs.job and obs.address else None
 
-    def _assess(self, rec: AllocationRecord, jobs: Mapping[str, JobInfo], obs: HeadObservation,
-                now: float) -> election.HeadAssessment:
+    def assess_head(self, rec: AllocationRecord, jobs: Mapping[str, JobInfo], obs: HeadObservation,
+                    now: float) -> election.HeadAssessment:
+        """Whether the head needs an election, from the record, one scheduler
+        answer and a heartbeat observation (the pure rule is election.assess_head)."""
         head = rec.head_job or ""
         info = jobs.get(head)
         # When did this head's job start? Any process can tell from the
@@ -352,30 +368,37 @@ class Session:
         """
         claimant = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         deadline = time.monotonic() + timeout
+        elected = threading.Event()  # after an election, look again at once
         last = ""
-        while True:
+        why = ""
+
+        def healthy_head() -> Head | None:
+            nonlocal last, why
             obs = self.observe_head(wait=0.3)
             rec = self.record()
             jobs = self.query()
             now = time.time()
-            assessment = self._assess(rec, jobs, obs, now)
+            assessment = self.assess_head(rec, jobs, obs, now)
+            why = assessment.why
             if assessment.condition is election.HeadCondition.HEALTHY and obs.address:
                 return Head(rec.head_job, obs.address, self)  # type: ignore[arg-type]
             if assessment.condition.value != last and progress:
                 progress(assessment.why)
                 last = assessment.condition.value
             if assessment.needs_election:
-                won = self.dir.update_allocation(
-                    lambda r: election.claim(r, claimant, time.time(), self.claim_period)[0])
-                if won.election is not None and won.election.claimant == claimant:
-                    try:
-                        self._elect(won, jobs, progress, deadline)
-                    finally:
-                        self.dir.update_allocation(lambda r: election.release(r, claimant))
-                    continue
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no healthy head within {timeout:.0f}s: {assessment.why}")
-            time.sleep(POLL_INTERVAL)
+                with self.election_claim(claimant) as claim:
+                    if claim.held:
+                        self._elect(claim.record, jobs, progress, deadline)
+                        elected.set()
+            return None
+
+        return wait_for(healthy_head, timeout=timeout, interval=POLL_INTERVAL, wake=elected,  # type: ignore[return-value]
+                        error=lambda _: TimeoutError(f"no healthy head within {timeout:.0f}s: {why}"))
+
+    def election_claim(self, claimant: str) -> AbstractContextManager[ClaimOutcome]:
+        """Take the session's one election claim for a ``with`` block (see
+        :func:`.claims.election_claim`), for this session's claim period."""
+        return election_claim(self.dir, claimant, self.claim_period)
 
     def _elect(self, rec: AllocationRecord, jobs: Mapping[str, JobInfo],
                progress: Callable[[str], None] | None, deadline: float) -> None:
@@ -409,14 +432,16 @@ class Session:
 
     def _wait_head_ready(self, job: str, deadline: float) -> bool:
         """Until the head of ``job`` published its endpoint (True) or its job ended (False)."""
-        while time.monotonic() < deadline:
+        def outcome() -> bool | None:
             if self.dir.read_head_endpoint(job) is not None:
                 return True
-            info = self.scheduler.query(self.job_name, [job]).get(job)
+            info = self.job_info(job)
             if info is not None and info.state.is_final:
                 return False
-            time.sleep(POLL_INTERVAL)
-        return False
+            return None
+
+        return bool(wait_for(outcome, timeout=deadline - time.monotonic(), interval=POLL_INTERVAL,
+                             done=lambda ready: ready is not None, raising=False))
 
     def _host_on_worker(self, job: str, deadline: float) -> bool:
         """Ask the first node of worker allocation ``job`` to host a head; wait until it is ready."""
@@ -437,15 +462,19 @@ class Session:
         if not reply.get("ok"):
             log.warning("event=host_head_refused job=%s error=%s", job, reply.get("error"))
             return False
-        limit = min(deadline, time.monotonic() + HEAD_START_GRACE)
-        while time.monotonic() < limit:
+
+        def outcome() -> bool | None:
             for state in self.node_states(job).values():
                 if state.hosted_head is not None and state.hosted_head.state is HostedHeadState.FAILED:
                     return False
             if self.dir.read_head_endpoint(job) is not None:
                 return True
-            time.sleep(0.1)  # a cheap local read; every tenth of a second here is failover time
-        return False
+            return None
+
+        limit = min(deadline - time.monotonic(), HEAD_START_GRACE)
+        # A cheap local read; every tenth of a second here is failover time.
+        return bool(wait_for(outcome, timeout=limit, interval=0.1, done=lambda ready: ready is not None,
+                             raising=False))
 
     def _switch_head(self, job: str, *, hosted_on_worker: bool) -> None:
         """Make ``job`` the head: record, pointer, then a nudge to every agent."""
@@ -510,17 +539,19 @@ class Session:
         if not wait:
             return state.value
         # The agents stop their nodes at the drain deadline; allow them a little more.
-        deadline = time.monotonic() + drain_timeout + 60.0
-        while True:
-            info = self.scheduler.query(self.job_name, [job_id]).get(job_id)
+        def final_state() -> str | None:
+            info = self.job_info(job_id)
             if info is not None and info.state.is_final:
                 return info.state.value
             if progress:
                 progress(f"job {job_id}: {info.state.value if info else '?'} (draining)")
-            if time.monotonic() > deadline:
-                self.scheduler.cancel(job_id)
-                raise TimeoutError(f"worker allocation {job_id} did not end after its drain; cancelled it")
-            time.sleep(POLL_INTERVAL)
+            return None
+
+        final = wait_for(final_state, timeout=drain_timeout + 60.0, interval=POLL_INTERVAL, raising=False)
+        if final is None:
+            self.scheduler.cancel(job_id)
+            raise TimeoutError(f"worker allocation {job_id} did not end after its drain; cancelled it")
+        return final
 
     # ------------------------------------------------------------ payload drivers
     def run(self, argv: list[str], *, env: Mapping[str, str] | None = None, head: Head | None = None,
@@ -532,8 +563,6 @@ class Session:
         raises ``SlurmAllocationEnded`` with ``allocation_state="REPLACED"``.
         Without it, the current head is used if it is healthy.
         """
-        from .drivers import PayloadRun
-
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ValueError("argv: must be a non-empty list of strings")
         pointer = self.dir.read_ray_head()

@@ -18,15 +18,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..config import SlurmWorkerAllocationConfig
 from ..errors import ElasticRayError
 from . import election
 from .headwatch import HeadObservation
-
-if TYPE_CHECKING:
-    from .session import Session
+from .ports import SupervisedSession
 
 log = logging.getLogger("elastic_ray.coordinator")
 
@@ -40,7 +38,7 @@ def should_elect_on_its_own(has_workers: bool, ray_head_only: bool) -> bool:
 
 
 class HeadSupervisor:
-    def __init__(self, session: "Session", interval: float = DEFAULT_INTERVAL, keep_worker: bool = True,
+    def __init__(self, session: SupervisedSession, interval: float = DEFAULT_INTERVAL, keep_worker: bool = True,
                  on_event: Callable[[str, dict], None] | None = None):
         self.session = session
         self.interval = interval
@@ -100,16 +98,16 @@ class HeadSupervisor:
         if not should_elect_on_its_own(bool(rec.workers), session.info.ray_head_only):
             return
         jobs = session.query()
-        assessment = session._assess(rec, jobs, obs, now)
+        assessment = session.assess_head(rec, jobs, obs, now)
         if assessment.needs_election:
             self._emit("election_needed", why=repr(assessment.why))
             head = session.replace_head(timeout=3600)
             self._emit("head_ready", head=head.job_id, address=head.address)
             rec, jobs = session.record(), session.query()
         if self.keep_worker:
-            self._keep_a_worker(rec, jobs, now)
+            self._keep_a_worker(rec, jobs)
 
-    def _keep_a_worker(self, rec, jobs, now: float) -> None:
+    def _keep_a_worker(self, rec, jobs) -> None:
         session = self.session
         live = election.live_workers(rec, jobs)
         if live:
@@ -118,14 +116,11 @@ class HeadSupervisor:
         if template is None:
             return  # nothing to resubmit: the session never named a worker shape
         claimant = f"keep-worker:{id(self)}"
-        won = session.dir.update_allocation(lambda r: election.claim(r, claimant, now, 60.0)[0])
-        if won.election is None or won.election.claimant != claimant:
-            return  # another process is electing or replenishing
-        try:
+        with session.election_claim(claimant) as claim:
+            if not claim.held:
+                return  # another process is electing or replenishing
             fresh = session.query()
             if election.live_workers(session.record(), fresh):
                 return
             handle = session.add_worker_allocation(SlurmWorkerAllocationConfig.from_dict(template))
             self._emit("worker_resubmitted", job=handle.job_id)
-        finally:
-            session.dir.update_allocation(lambda r: election.release(r, claimant))

@@ -10,7 +10,6 @@ runs on the embedded local scheduler by default and on the Slurm lab with
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, inherit_worker_config, resolve_head_config
+from ..polling import wait_for
 from ..scheduler.base import JobInfo, JobSpec, JobState, Scheduler
 
 # What every emulated or real node prints: enough to see that the allocation
@@ -91,27 +91,29 @@ def run_demo(scheduler: Scheduler, workdir: Path, console: Console, sleep: float
 
     polls = 0
     cancelled = False
-    deadline = time.monotonic() + timeout
     infos: dict[str, JobInfo] = {}
+
+    def poll(live: Live) -> bool:
+        nonlocal polls, cancelled, infos
+        polls += 1
+        infos = scheduler.query(job_name, [t.job_id for t in tracked])  # one query for all
+        for item in tracked:
+            info = infos.get(item.job_id)
+            if info and item.history[-1] != info.state.value:
+                item.history.append(info.state.value)
+        # Once the GPU allocation has run to completion the big one could start;
+        # cancel it while it pends, to show a pending cancel.
+        big = infos.get(tracked[2].job_id)
+        if not cancelled and big is not None and big.state is JobState.PENDING and polls >= 3:
+            scheduler.cancel(tracked[2].job_id)
+            cancelled = True
+        live.update(_table(tracked, infos, polls, query_calls(scheduler)))
+        return all(i.state.is_final for i in infos.values()) and len(infos) == len(tracked)
+
     try:
         with Live(console=console, refresh_per_second=4, transient=False) as live:
-            while time.monotonic() < deadline:
-                polls += 1
-                infos = scheduler.query(job_name, [t.job_id for t in tracked])  # one query for all
-                for item in tracked:
-                    info = infos.get(item.job_id)
-                    if info and item.history[-1] != info.state.value:
-                        item.history.append(info.state.value)
-                # Once the GPU allocation has run to completion the big one could start;
-                # cancel it while it pends, to show a pending cancel.
-                big = infos.get(tracked[2].job_id)
-                if not cancelled and big is not None and big.state is JobState.PENDING and polls >= 3:
-                    scheduler.cancel(tracked[2].job_id)
-                    cancelled = True
-                live.update(_table(tracked, infos, polls, query_calls(scheduler)))
-                if all(i.state.is_final for i in infos.values()) and len(infos) == len(tracked):
-                    break
-                time.sleep(0.5)
+            # Gives up quietly at the timeout: the table shows where each job got to.
+            wait_for(lambda: poll(live), timeout=timeout, interval=0.5, raising=False)
     finally:
         for item in tracked:
             info = infos.get(item.job_id)

@@ -1,0 +1,59 @@
+"""Hold the session's election claim for the length of a ``with`` block.
+
+Two kinds of work must run in one process at a time across the whole run:
+electing a head (``Session.replace_head``) and submitting a worker allocation
+again when none is left (the supervisor). Both take the one claim in
+allocation.json. Taking it, checking who won and giving it back (also when
+the work raises) is done here once, so that no caller can forget the
+release and leave every other process waiting for the claim to expire.
+
+The decisions themselves (is the claim free or expired, the new claim
+record, who holds it) are the pure functions of :mod:`.election`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from ..protocol.records import AllocationRecord, ElectionClaim
+from ..protocol.session_dir import SessionDir
+from . import election
+
+
+@dataclass(frozen=True)
+class ClaimOutcome:
+    """What taking the claim gave: ``held`` is True when it is ours, and
+    ``record`` is allocation.json as the attempt left it (what an elector
+    decides on)."""
+
+    held: bool
+    record: AllocationRecord
+
+    @property
+    def holder(self) -> ElectionClaim | None:
+        """The live claim of the process that has it, when it is not ours."""
+        return None if self.held else self.record.election
+
+
+@contextmanager
+def election_claim(directory: SessionDir, claimant: str, period: float,
+                   clock: Callable[[], float] = time.time) -> Iterator[ClaimOutcome]:
+    """Try to take the claim for ``period`` seconds; yield whether we hold it.
+
+    On leaving the block a claim we hold is released, however the block
+    ends; a claim we did not win is left alone. ``clock`` is wall-clock time
+    because claims are compared across hosts.
+    """
+    record = directory.update_allocation(lambda r: election.claim(r, claimant, clock(), period)[0])
+    held = election.holds_claim(record, claimant)
+    try:
+        yield ClaimOutcome(held, record)
+    finally:
+        if held:
+            directory.update_allocation(lambda r: election.release(r, claimant))
+
+
+__all__ = ["ClaimOutcome", "election_claim"]

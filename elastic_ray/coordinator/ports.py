@@ -1,0 +1,86 @@
+"""What the supervisor and payload drivers need of a session, and no more.
+
+``HeadSupervisor`` and ``PayloadRun`` are driven by a ``Session`` but are
+written against these protocols, so that neither imports ``session`` (which
+imports them: no cycle) and neither reaches into its private methods. They
+list only what those two call; a test fake needs to provide nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol
+
+from ..config import SlurmWorkerAllocationConfig
+from ..config.launcher import RayLauncher
+from ..protocol.records import AllocationRecord, SessionInfo
+from ..scheduler.base import JobInfo
+from .claims import ClaimOutcome
+from .election import HeadAssessment
+from .headwatch import HeadObservation
+
+
+class JobRef(Protocol):
+    """A handle naming one Slurm job of the session."""
+
+    @property
+    def job_id(self) -> str: ...
+
+
+class HeadRef(JobRef, Protocol):
+    """A head: its job and its Ray (GCS) address."""
+
+    @property
+    def address(self) -> str: ...
+
+
+class HeadSource(Protocol):
+    """Both users watch the head through its heartbeat."""
+
+    @property
+    def job_name(self) -> str: ...
+
+    def observe_head(self, wait: float = 0.0) -> HeadObservation: ...
+
+
+class SupervisedSession(HeadSource, Protocol):
+    """What ``HeadSupervisor`` calls."""
+
+    @property
+    def info(self) -> SessionInfo: ...
+
+    def record(self) -> AllocationRecord: ...
+
+    def query(self, extra: list[str] | None = None) -> dict[str, JobInfo]: ...
+
+    def assess_head(self, rec: AllocationRecord, jobs: Mapping[str, JobInfo], obs: HeadObservation,
+                    now: float) -> HeadAssessment: ...
+
+    def replace_head(self, timeout: float = 3600.0,
+                     progress: Callable[[str], None] | None = None) -> HeadRef: ...
+
+    def add_worker_allocation(self, config: SlurmWorkerAllocationConfig) -> JobRef: ...
+
+    def election_claim(self, claimant: str) -> AbstractContextManager[ClaimOutcome]: ...
+
+
+class DriverSession(HeadSource, Protocol):
+    """What ``PayloadRun`` calls."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def info(self) -> SessionInfo: ...
+
+    @property
+    def launcher(self) -> RayLauncher: ...
+
+    def head_pointer(self) -> str | None: ...
+
+    def job_info(self, job_id: str) -> JobInfo | None: ...
+
+
+__all__ = ["DriverSession", "HeadRef", "HeadSource", "JobRef", "SupervisedSession"]

@@ -1,0 +1,106 @@
+"""No import cycle inside the coordinator.
+
+``session`` drives ``supervise`` and ``drivers``; those two see a session only
+through the protocols in ``ports``. Every import statement counts here, also
+one inside a function or under ``if TYPE_CHECKING:``, because a lazy import
+back into ``session`` is the same cycle, merely postponed.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from elastic_ray import coordinator
+
+PACKAGE = "elastic_ray.coordinator"
+ROOT = Path(coordinator.__file__).parent
+
+
+def _imports(path: Path) -> set[str]:
+    """Every coordinator module that ``path`` imports, anywhere in the file."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = PACKAGE.split(".")[: len(PACKAGE.split(".")) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            # "from . import election" names a module too
+            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name.startswith(PACKAGE + "."):
+                short = name[len(PACKAGE) + 1:].split(".")[0]
+                if (ROOT / f"{short}.py").exists() and short != path.stem:
+                    out.add(short)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    return {path.stem: _imports(path) for path in sorted(ROOT.glob("*.py")) if path.stem != "__init__"}
+
+
+def test_the_walker_sees_imports_inside_functions_and_type_checking(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .session import Session\n"
+                     "def f():\n    from . import election\n    import elastic_ray.coordinator.drivers\n")
+    assert _imports(probe) == {"session", "election", "drivers"}
+
+
+def test_supervisor_and_drivers_do_not_import_the_session():
+    graph = _graph()
+    assert "session" not in graph["supervise"], graph["supervise"]
+    assert "session" not in graph["drivers"], graph["drivers"]
+
+
+def test_no_import_cycle_among_coordinator_modules():
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for dep in sorted(graph.get(module, ())):
+            if state.get(dep) == 1:
+                cycle = path[path.index(dep):] + [dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+
+
+def test_a_session_provides_what_the_ports_ask_for(tmp_path):
+    """The protocols are structural: nothing checks them at run time, so this does."""
+    import inspect
+
+    from elastic_ray.coordinator.ports import DriverSession, SupervisedSession
+    from elastic_ray.coordinator.session import Session
+    from elastic_ray.protocol.records import SessionInfo
+    from elastic_ray.protocol.session_dir import SessionDir
+
+    info = SessionInfo(session_id="s-1", job_name="er-test", created_at=1.0, scheduler={"kind": "local"},
+                       head={"partition": "cpu", "time_limit": "60"})
+    session = Session(SessionDir.create(tmp_path / "sess", info), scheduler=object())  # type: ignore[arg-type]
+    for port in (SupervisedSession, DriverSession):
+        members = [name for name in vars(port) if not name.startswith("_")]
+        for base in port.__mro__[1:]:
+            members += [name for name in vars(base) if not name.startswith("_") and base.__name__ != "Protocol"
+                        and base is not object and base.__module__ == port.__module__]
+        assert members, port
+        for name in members:
+            assert hasattr(session, name), f"Session lacks {port.__name__}.{name}"
+            wanted = getattr(port, name)
+            if inspect.isfunction(wanted):
+                got = inspect.signature(getattr(Session, name))
+                assert list(got.parameters) == list(inspect.signature(wanted).parameters), name
