@@ -84,7 +84,7 @@ def test_a_session_provides_what_the_ports_ask_for(tmp_path):
     """The protocols are structural: nothing checks them at run time, so this does."""
     import inspect
 
-    from elastic_ray.coordinator.ports import DriverSession, SupervisedSession
+    from elastic_ray.coordinator.ports import DriverSession, ElectingSession, SupervisedSession
     from elastic_ray.coordinator.session import Session
     from elastic_ray.protocol.records import SessionInfo
     from elastic_ray.protocol.session_dir import SessionDir
@@ -92,7 +92,7 @@ def test_a_session_provides_what_the_ports_ask_for(tmp_path):
     info = SessionInfo(session_id="s-1", job_name="er-test", created_at=1.0, scheduler={"kind": "local"},
                        head={"partition": "cpu", "time_limit": "60"})
     session = Session(SessionDir.create(tmp_path / "sess", info), scheduler=object())  # type: ignore[arg-type]
-    for port in (SupervisedSession, DriverSession):
+    for port in (SupervisedSession, DriverSession, ElectingSession):
         members = [name for name in vars(port) if not name.startswith("_")]
         for base in port.__mro__[1:]:
             members += [name for name in vars(base) if not name.startswith("_") and base.__name__ != "Protocol"

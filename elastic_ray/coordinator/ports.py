@@ -1,4 +1,4 @@
-"""What the supervisor and payload drivers need of a session, and no more.
+"""What the supervisor, payload drivers and elections need of a session, and no more.
 
 ``HeadSupervisor`` and ``PayloadRun`` are driven by a ``Session`` but are
 written against these protocols, so that neither imports ``session`` (which
@@ -13,10 +13,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
-from ..config import SlurmWorkerAllocationConfig
+from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
-from ..protocol.records import AllocationRecord, SessionInfo
-from ..scheduler.base import JobInfo
+from ..protocol.channel import ControlClient
+from ..protocol.records import AllocationRecord, NodeState, SessionInfo
+from ..protocol.session_dir import SessionDir
+from ..scheduler.base import JobInfo, Scheduler
 from .claims import ClaimOutcome
 from .election import HeadAssessment
 from .headwatch import HeadObservation
@@ -84,3 +86,19 @@ class DriverSession(HeadSource, Protocol):
 
 
 __all__ = ["DriverSession", "HeadRef", "HeadSource", "JobRef", "SupervisedSession"]
+
+
+class ElectingSession(SupervisedSession, Protocol):
+    """What :class:`.failover.Failover` needs to carry out an election."""
+
+    @property
+    def dir(self) -> SessionDir: ...
+    @property
+    def launcher(self) -> RayLauncher: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    def head_config(self) -> SlurmRunAllocationConfig: ...
+    def job_info(self, job_id: str) -> JobInfo | None: ...
+    def node_states(self, job_id: str) -> dict[str, NodeState]: ...
+    def note_head_started(self, job_id: str) -> None: ...
+    def control(self, endpoint: str) -> ControlClient: ...

@@ -9,9 +9,6 @@ Slurm is asked about all of the session's jobs in one query per poll.
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -31,7 +28,7 @@ from ..errors import AllocationFailed, ConfigError, SchedulerError, SlurmAllocat
 from ..config.launcher import RayLauncher
 from ..polling import wait_for
 from ..protocol.channel import ControlClient, ControlError
-from ..protocol.records import AgentState, HostedHeadState, NodeState
+from ..protocol.records import AgentState, NodeState
 from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
 from ..protocol.session_dir import SessionDir
 from ..scheduler.base import JobInfo, JobState, Scheduler
@@ -39,16 +36,13 @@ from ..scheduler.factory import make_scheduler
 from . import election, submit
 from .claims import ClaimOutcome, election_claim
 from .drivers import PayloadRun
+from .failover import CONTROL_TIMEOUT, HEAD_START_GRACE, Failover
 from .headwatch import HeadObservation, HeadWatch
 from .supervise import HeadSupervisor
 
 log = logging.getLogger("elastic_ray.coordinator")
 
 POLL_INTERVAL = 0.5
-CONTROL_TIMEOUT = 3.0
-# How long a newly elected or submitted head may take to answer before its
-# silence counts as a failure.
-HEAD_START_GRACE = 120.0
 
 
 @dataclass(frozen=True)
@@ -230,7 +224,7 @@ class Session:
     def _submit_head(self) -> str:
         spec = submit.head_spec(self.dir, self.job_name, self.head_config(), self.launcher)
         job_id = self.scheduler.submit(spec)
-        self._head_started_at[job_id] = time.time()
+        self.note_head_started(job_id)
         self.dir.update_allocation(lambda r: replace(r, head_job=job_id))
         self.dir.write_ray_head(job_id)
         log.info("event=head_submitted session=%s job=%s", self.job_name, job_id)
@@ -316,9 +310,6 @@ class Session:
             f"worker allocation {job_id} not joined within {timeout:.0f}s ({text}); "
             f"{self._log_tail(job_id, 'worker')}"))  # type: ignore[return-value]
 
-    def _control(self, endpoint: str) -> ControlClient:
-        return ControlClient(endpoint, self.secret, self.info.session_id)
-
     @property
     def secret(self) -> bytes:
         if self._secret is None:
@@ -366,136 +357,22 @@ class Session:
         the same head. A healthy head is returned unchanged (to move it, call
         ``request_drain()`` on it first).
         """
-        claimant = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        deadline = time.monotonic() + timeout
-        elected = threading.Event()  # after an election, look again at once
-        last = ""
-        why = ""
-
-        def healthy_head() -> Head | None:
-            nonlocal last, why
-            obs = self.observe_head(wait=0.3)
-            rec = self.record()
-            jobs = self.query()
-            now = time.time()
-            assessment = self.assess_head(rec, jobs, obs, now)
-            why = assessment.why
-            if assessment.condition is election.HeadCondition.HEALTHY and obs.address:
-                return Head(rec.head_job, obs.address, self)  # type: ignore[arg-type]
-            if assessment.condition.value != last and progress:
-                progress(assessment.why)
-                last = assessment.condition.value
-            if assessment.needs_election:
-                with self.election_claim(claimant) as claim:
-                    if claim.held:
-                        self._elect(claim.record, jobs, progress, deadline)
-                        elected.set()
-            return None
-
-        return wait_for(healthy_head, timeout=timeout, interval=POLL_INTERVAL, wake=elected,  # type: ignore[return-value]
-                        error=lambda _: TimeoutError(f"no healthy head within {timeout:.0f}s: {why}"))
+        job, address = Failover(self).replace_head(timeout, progress)
+        return Head(job, address, self)
 
     def election_claim(self, claimant: str) -> AbstractContextManager[ClaimOutcome]:
         """Take the session's one election claim for a ``with`` block (see
         :func:`.claims.election_claim`), for this session's claim period."""
         return election_claim(self.dir, claimant, self.claim_period)
 
-    def _elect(self, rec: AllocationRecord, jobs: Mapping[str, JobInfo],
-               progress: Callable[[str], None] | None, deadline: float) -> None:
-        choice = election.choose_head(rec, jobs, can_host_on_worker=self.launcher.can_host_elected_head,
-                                      now=time.time())
-        log.info("event=election session=%s choice=%s why=%r", self.job_name, choice.kind.value, choice.why)
-        if progress:
-            progress(f"electing: {choice.why}")
-        if isinstance(choice, election.HostOnWorker):
-            job = choice.job_id
-            if not self._host_on_worker(job, deadline):
-                self.dir.update_allocation(lambda r: election.record_head_failure(r, job))
-                return
-            self._switch_head(job, hosted_on_worker=True)
-            return
-        if isinstance(choice, election.UsePublishedSuccessor):
-            job = choice.job_id
-        else:
-            job = self._submit_successor()
-        if self._wait_head_ready(job, deadline):
-            self._switch_head(job, hosted_on_worker=False)
+    def note_head_started(self, job_id: str) -> None:
+        """Remember when this process submitted or elected head ``job_id``: its
+        silence counts as a failure only after the start grace."""
+        self._head_started_at[job_id] = time.time()
 
-    def _submit_successor(self) -> str:
-        """A new head allocation shaped like the first head, published as the successor."""
-        spec = submit.head_spec(self.dir, self.job_name, self.head_config(), self.launcher)
-        job = self.scheduler.submit(spec)
-        self._head_started_at[job] = time.time()
-        self.dir.update_allocation(lambda r: replace(r, successor=job))
-        log.info("event=successor_submitted session=%s job=%s", self.job_name, job)
-        return job
-
-    def _wait_head_ready(self, job: str, deadline: float) -> bool:
-        """Until the head of ``job`` published its endpoint (True) or its job ended (False)."""
-        def outcome() -> bool | None:
-            if self.dir.read_head_endpoint(job) is not None:
-                return True
-            info = self.job_info(job)
-            if info is not None and info.state.is_final:
-                return False
-            return None
-
-        return bool(wait_for(outcome, timeout=deadline - time.monotonic(), interval=POLL_INTERVAL,
-                             done=lambda ready: ready is not None, raising=False))
-
-    def _host_on_worker(self, job: str, deadline: float) -> bool:
-        """Ask the first node of worker allocation ``job`` to host a head; wait until it is ready."""
-        states = self.node_states(job)
-        first = next((s for s in states.values() if s.role == "worker" and s.control
-                      and not s.exited and s.node_index == 0), None)
-        if first is None:
-            first = next((s for _, s in sorted(states.items()) if s.control and not s.exited), None)
-        if first is None:
-            log.warning("event=host_head_unreachable job=%s", job)
-            return False
-        try:
-            with self._control(first.control) as client:
-                reply = client.request("host_head", {"head_job": job}, timeout=CONTROL_TIMEOUT)
-        except ControlError as exc:
-            log.warning("event=host_head_failed job=%s error=%s", job, exc)
-            return False
-        if not reply.get("ok"):
-            log.warning("event=host_head_refused job=%s error=%s", job, reply.get("error"))
-            return False
-
-        def outcome() -> bool | None:
-            for state in self.node_states(job).values():
-                if state.hosted_head is not None and state.hosted_head.state is HostedHeadState.FAILED:
-                    return False
-            if self.dir.read_head_endpoint(job) is not None:
-                return True
-            return None
-
-        limit = min(deadline - time.monotonic(), HEAD_START_GRACE)
-        # A cheap local read; every tenth of a second here is failover time.
-        return bool(wait_for(outcome, timeout=limit, interval=0.1, done=lambda ready: ready is not None,
-                             raising=False))
-
-    def _switch_head(self, job: str, *, hosted_on_worker: bool) -> None:
-        """Make ``job`` the head: record, pointer, then a nudge to every agent."""
-        self.dir.update_allocation(lambda r: election.apply_new_head(r, job, hosted_on_worker=hosted_on_worker))
-        self.dir.write_ray_head(job)
-        self._head_started_at[job] = time.time()
-        log.info("event=head_switched session=%s job=%s hosted_on_worker=%s", self.job_name, job, hosted_on_worker)
-        self._nudge_agents(job)
-
-    def _nudge_agents(self, job: str) -> None:
-        """Tell agents to read the pointer now instead of at their next poll."""
-        for worker_job in self.record().workers:
-            for node, state in self.node_states(worker_job).items():
-                endpoint = state.control
-                if not endpoint or state.exited:
-                    continue
-                try:
-                    with self._control(endpoint) as client:
-                        client.request("follow", {"head_job": job}, timeout=1.0)
-                except ControlError:
-                    pass  # the agent reads the pointer on its own within a second
+    def control(self, endpoint: str) -> ControlClient:
+        """A control-channel client for one agent, keyed by this session's secret."""
+        return ControlClient(endpoint, self.secret, self.info.session_id)
 
     def _drain_job(self, job_id: str, drain_timeout: float, reason: str) -> int:
         deadline = time.time() + drain_timeout
@@ -509,7 +386,7 @@ class Session:
             if not endpoint or state.exited:
                 continue
             try:
-                with self._control(endpoint) as client:
+                with self.control(endpoint) as client:
                     client.request("drain", {"deadline": deadline, "reason": reason}, timeout=CONTROL_TIMEOUT)
                 told += 1
             except ControlError as exc:

@@ -1,0 +1,182 @@
+"""Carrying out an election: the effects around :mod:`.election`'s decisions.
+
+``Session.replace_head`` hands over to :class:`Failover`. It assesses the
+head (one scheduler query plus the heartbeat), takes the session's one
+election claim, lets the pure ``election.choose_head`` pick, and then acts:
+asks a worker allocation's first node to host a head, or waits for a
+published or newly submitted head allocation, then records the new head,
+moves the ``ray_head`` pointer and nudges every agent to follow at once.
+
+It lives apart from ``session`` because it is the one part of the
+coordinator that changes who the head is; the session's other methods only
+add, observe and remove allocations. It is written against the narrow
+:class:`~.ports.ElectingSession`, so it never reaches into the session's
+private state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from ..polling import wait_for
+from ..protocol.channel import ControlError
+from ..protocol.records import AllocationRecord, HostedHeadState
+from ..scheduler.base import JobInfo
+from . import election, submit
+from .ports import ElectingSession
+
+log = logging.getLogger("elastic_ray.coordinator")
+
+POLL_INTERVAL = 0.5
+CONTROL_TIMEOUT = 3.0
+# How long a newly elected or submitted head may take to answer before its
+# silence counts as a failure.
+HEAD_START_GRACE = 120.0
+
+
+class Failover:
+    """One caller's attempt to get a healthy head (see ``Session.replace_head``)."""
+
+    def __init__(self, session: ElectingSession):
+        self.session = session
+
+    def replace_head(self, timeout: float, progress: Callable[[str], None] | None) -> tuple[str, str]:
+        """Return ``(job id, address)`` of a healthy head, electing one first if needed."""
+        s = self.session
+        claimant = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        deadline = time.monotonic() + timeout
+        elected = threading.Event()  # after an election, look again at once
+        last = ""
+        why = ""
+
+        def healthy_head() -> tuple[str, str] | None:
+            nonlocal last, why
+            obs = s.observe_head(wait=0.3)
+            rec = s.record()
+            jobs = s.query()
+            assessment = s.assess_head(rec, jobs, obs, time.time())
+            why = assessment.why
+            if assessment.condition is election.HeadCondition.HEALTHY and obs.address and rec.head_job:
+                return rec.head_job, obs.address
+            if assessment.condition.value != last and progress:
+                progress(assessment.why)
+                last = assessment.condition.value
+            if assessment.needs_election:
+                with s.election_claim(claimant) as claim:
+                    if claim.held:
+                        self.elect(claim.record, jobs, progress, deadline)
+                        elected.set()
+            return None
+
+        return wait_for(healthy_head, timeout=timeout, interval=POLL_INTERVAL, wake=elected,  # type: ignore[return-value]
+                        error=lambda _: TimeoutError(f"no healthy head within {timeout:.0f}s: {why}"))
+
+    def elect(self, rec: AllocationRecord, jobs: Mapping[str, JobInfo],
+              progress: Callable[[str], None] | None, deadline: float) -> None:
+        s = self.session
+        choice = election.choose_head(rec, jobs, can_host_on_worker=s.launcher.can_host_elected_head,
+                                      now=time.time())
+        log.info("event=election session=%s choice=%s why=%r", s.job_name, choice.kind.value, choice.why)
+        if progress:
+            progress(f"electing: {choice.why}")
+        if isinstance(choice, election.HostOnWorker):
+            job = choice.job_id
+            if not self.host_on_worker(job, deadline):
+                s.dir.update_allocation(lambda r: election.record_head_failure(r, job))
+                return
+            self.switch_head(job, hosted_on_worker=True)
+            return
+        if isinstance(choice, election.UsePublishedSuccessor):
+            job = choice.job_id
+        else:
+            job = self.submit_successor()
+        if self.wait_head_ready(job, deadline):
+            self.switch_head(job, hosted_on_worker=False)
+
+    def submit_successor(self) -> str:
+        """A new head allocation shaped like the first head, published as the successor."""
+        s = self.session
+        spec = submit.head_spec(s.dir, s.job_name, s.head_config(), s.launcher)
+        job = s.scheduler.submit(spec)
+        s.note_head_started(job)
+        s.dir.update_allocation(lambda r: replace(r, successor=job))
+        log.info("event=successor_submitted session=%s job=%s", s.job_name, job)
+        return job
+
+    def wait_head_ready(self, job: str, deadline: float) -> bool:
+        """Until the head of ``job`` published its endpoint (True) or its job ended (False)."""
+        s = self.session
+
+        def outcome() -> bool | None:
+            if s.dir.read_head_endpoint(job) is not None:
+                return True
+            info = s.job_info(job)
+            if info is not None and info.state.is_final:
+                return False
+            return None
+
+        return bool(wait_for(outcome, timeout=deadline - time.monotonic(), interval=POLL_INTERVAL,
+                             done=lambda ready: ready is not None, raising=False))
+
+    def host_on_worker(self, job: str, deadline: float) -> bool:
+        """Ask the first node of worker allocation ``job`` to host a head; wait until it is ready."""
+        s = self.session
+        states = s.node_states(job)
+        first = next((st for st in states.values() if st.role == "worker" and st.control
+                      and not st.exited and st.node_index == 0), None)
+        if first is None:
+            first = next((st for _, st in sorted(states.items()) if st.control and not st.exited), None)
+        if first is None or first.control is None:
+            log.warning("event=host_head_unreachable job=%s", job)
+            return False
+        try:
+            with s.control(first.control) as client:
+                reply = client.request("host_head", {"head_job": job}, timeout=CONTROL_TIMEOUT)
+        except ControlError as exc:
+            log.warning("event=host_head_failed job=%s error=%s", job, exc)
+            return False
+        if not reply.get("ok"):
+            log.warning("event=host_head_refused job=%s error=%s", job, reply.get("error"))
+            return False
+
+        def outcome() -> bool | None:
+            for state in s.node_states(job).values():
+                if state.hosted_head is not None and state.hosted_head.state is HostedHeadState.FAILED:
+                    return False
+            if s.dir.read_head_endpoint(job) is not None:
+                return True
+            return None
+
+        limit = min(deadline - time.monotonic(), HEAD_START_GRACE)
+        # A cheap local read; every tenth of a second here is failover time.
+        return bool(wait_for(outcome, timeout=limit, interval=0.1, done=lambda ready: ready is not None,
+                             raising=False))
+
+    def switch_head(self, job: str, *, hosted_on_worker: bool) -> None:
+        """Make ``job`` the head: record, pointer, then a nudge to every agent."""
+        s = self.session
+        s.dir.update_allocation(lambda r: election.apply_new_head(r, job, hosted_on_worker=hosted_on_worker))
+        s.dir.write_ray_head(job)
+        s.note_head_started(job)
+        log.info("event=head_switched session=%s job=%s hosted_on_worker=%s", s.job_name, job, hosted_on_worker)
+        self.nudge_agents(job)
+
+    def nudge_agents(self, job: str) -> None:
+        """Tell agents to read the pointer now instead of at their next poll."""
+        s = self.session
+        for worker_job in s.record().workers:
+            for state in s.node_states(worker_job).values():
+                if not state.control or state.exited:
+                    continue
+                try:
+                    with s.control(state.control) as client:
+                        client.request("follow", {"head_job": job}, timeout=1.0)
+                except ControlError:
+                    pass  # the agent reads the pointer on its own within a second
