@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 
 from elastic_ray.agent.machine import (
+    ENDING_GRACE,
+    WALLTIME_MARGIN,
     DrainRay,
     DrainRequested,
     Exit,
@@ -23,9 +25,11 @@ from elastic_ray.agent.machine import (
     StopRay,
     Tick,
     backoff_delay,
+    drain_deadline_for_signal,
     initial,
     step,
 )
+from elastic_ray.scheduler.base import JobState
 
 W = Settings(role="worker", rejoin_timeout=100, max_restarts=3, backoff_base=2, backoff_max=60, start_timeout=30)
 H = Settings(role="head", start_timeout=30)
@@ -306,3 +310,14 @@ def test_a_successor_head_does_not_leave_before_it_was_ever_the_head():
     ctx, _ = step(ctx, HeadSeen(3, "9", "b:1", True))          # the session switched to us
     ctx, actions = step(ctx, HeadSeen(4, "11", "c:1", True))   # and later away from us
     assert ctx.state is State.LEFT
+
+
+@pytest.mark.parametrize("job_state, end, want", [
+    (JobState.RUNNING, 1000.0, 1000.0 - WALLTIME_MARGIN),   # the pre-walltime warning: drain until 15 s before
+    (JobState.RUNNING, 110.0, 100.0 + ENDING_GRACE),        # too close to the end for the margin
+    (JobState.RUNNING, None, 100.0 + ENDING_GRACE),         # Slurm did not say when
+    (JobState.CANCELLED, 1000.0, 100.0 + ENDING_GRACE),     # being cancelled: KillWait runs
+    (None, None, 100.0 + ENDING_GRACE),                     # no answer at all
+])
+def test_drain_deadline_for_signal(job_state, end, want):
+    assert drain_deadline_for_signal(100.0, job_state, end) == want

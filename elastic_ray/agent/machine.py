@@ -27,6 +27,15 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
+from ..scheduler.base import JobState
+
+# Slurm may deliver the pre-walltime warning up to 30 s early; the drain is
+# timed from the job's end time instead, leaving Ray this long to stop cleanly.
+WALLTIME_MARGIN = 15.0
+# When the signal comes because the job is being ended (scancel, timeout),
+# Slurm kills everything after KillWait; stop well before that.
+ENDING_GRACE = 3.0
+
 
 class State(str, enum.Enum):
     WAITING_FOR_HEAD = "WAITING_FOR_HEAD"
@@ -181,6 +190,18 @@ def initial(settings: Settings, now: float, own_job: str | None = None) -> tuple
 def backoff_delay(settings: Settings, failures: int) -> float:
     """Delay before restart number ``failures`` (1, 2, 3...): it doubles each time."""
     return min(settings.backoff_max, settings.backoff_base * (2 ** max(0, failures - 1)))
+
+
+def drain_deadline_for_signal(now: float, job_state: JobState | None, end_time: float | None) -> float:
+    """When a signal-triggered drain must be finished.
+
+    A running job with a known end time got the pre-walltime warning: drain
+    until 15 s before the end. Anything else (the job is being cancelled or
+    timed out, or Slurm did not answer) leaves a few seconds only.
+    """
+    if job_state is JobState.RUNNING and end_time is not None and end_time - WALLTIME_MARGIN > now:
+        return end_time - WALLTIME_MARGIN
+    return now + ENDING_GRACE
 
 
 # ------------------------------------------------------------------ the step function

@@ -1,0 +1,131 @@
+"""Hosting the run's head on this node: the effect side of :mod:`agent.hosted`.
+
+Threads: the record (``agent.hosted.Hosting``, immutable) is changed by the
+event loop (a ``host_head`` request, the head's Ray ending, the hand-over) and
+by the ``agent-hosted-head`` thread (the start's outcome), each through the
+pure step under ``_lock``; readers take the current record without it. Each
+caller carries out the actions of its own step on its own thread: the start's
+thread writes the endpoint or kills a head that did not start (slow work the
+loop must not wait for), the loop publishes the status and exits. The Ray
+node itself is held by ``agent.local_ray`` (``LocalRay.hosted``, under its
+lock).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from . import join
+from .hosted import (
+    EndpointWritten,
+    ExitWanted,
+    HandoverTick,
+    HostedAction,
+    HostedEvent,
+    HostedKilled,
+    HostedRayEnded,
+    HostedStarted,
+    HostRequested,
+    HostSettings,
+    Hosting,
+    KillHostedHead,
+    Log,
+    PublishStatus,
+    Reply,
+    StartHostedHead,
+    StatusSoon,
+    WriteEndpoint,
+    heartbeat,
+    may_serve,
+    step,
+)
+from .local_ray import LocalRay, RayHandle
+from .machine import Exit, State
+
+
+class HostedHead:
+    def __init__(self, settings: HostSettings, local: LocalRay, start_timeout: float, *,
+                 log: Callable[..., None], ensure_publisher: Callable[[], None],
+                 write_endpoint: Callable[[RayHandle], None], publish_status: Callable[[], None],
+                 status_soon: Callable[[], None]):
+        self.local = local
+        self.start_timeout = start_timeout
+        self._log = log
+        self._ensure_publisher = ensure_publisher
+        self._write_endpoint = write_endpoint
+        self._publish_status = publish_status
+        self._status_soon = status_soon
+        self._lock = threading.Lock()
+        self._record = Hosting(settings)
+
+    @property
+    def record(self) -> Hosting:
+        return self._record
+
+    def heartbeat(self, node_state: State) -> tuple[bool, bool]:
+        return heartbeat(self._record, node_state)
+
+    # ------------------------------------------------------------ event loop
+    def request(self, now: float) -> dict:
+        """Answer a ``host_head`` request (starting the head if need be)."""
+        return next(a.body for a in self._handle(HostRequested(now)) if isinstance(a, Reply))
+
+    def watch(self, now: float) -> None:
+        """Notice that the Ray of a ready hosted head ended."""
+        handle = self.local.hosted
+        if handle is not None and self._record.ready and handle.node.poll_exit() is not None:
+            self._handle(HostedRayEnded(now))
+
+    def exit_wanted(self, now: float, code: int, drain_deadline: float | None,
+                    read_pointer: Callable[[], str | None]) -> int | None:
+        """The exit code to leave with now, or None while the head is handed over."""
+        hosting_node = self.local.hosted is not None
+        pointer = read_pointer() if may_serve(self._record, hosting_node) else None
+        return _exit_code(self._handle(ExitWanted(now, code, drain_deadline, hosting_node, pointer)))
+
+    def check_handover(self, now: float, head_job: str | None) -> int | None:
+        """During a hand-over: the exit code once the head moved, failed, or the deadline came."""
+        if self._record.handover is None:
+            return None
+        return _exit_code(self._handle(HandoverTick(now, head_job)))
+
+    # ------------------------------------------------------------ both threads
+    def _handle(self, event: HostedEvent, handle: RayHandle | None = None) -> list[HostedAction]:
+        """Step, then carry out the actions; ``handle``: the node a start's outcome is about."""
+        with self._lock:
+            self._record, actions = step(self._record, event)
+        for action in actions:
+            if isinstance(action, StartHostedHead):
+                self._ensure_publisher()
+                threading.Thread(target=self._start, name="agent-hosted-head", daemon=True).start()
+            elif isinstance(action, WriteEndpoint) and handle is not None:
+                self._write_endpoint(handle)
+                self._handle(EndpointWritten(time.time(), handle.address))
+            elif isinstance(action, KillHostedHead) and handle is not None:
+                self.local.kill_hosted(handle)
+                self._handle(HostedKilled(time.time()))
+            elif isinstance(action, Log):
+                self._log(action.event, **dict(action.fields))
+            elif isinstance(action, PublishStatus):
+                self._publish_status()
+            elif isinstance(action, StatusSoon):
+                self._status_soon()
+        return actions
+
+    # ------------------------------------------------------------ the hosted-head thread
+    def _start(self) -> None:
+        handle = self.local.launch(None, None, "head")
+        if handle is None:
+            return
+        up = join.wait_gcs_open(handle.node, handle.address, handle.started + self.start_timeout,
+                                cancelled=lambda: not self.local.current(None))
+        if up is None:
+            return  # the agent is exiting; its shutdown stops the node
+        handle.raylet = join.find_proc(handle.node.raylet_pid())
+        self._handle(HostedStarted(time.time(), handle.address, up and handle.node.poll_exit() is None), handle)
+
+
+def _exit_code(actions: list[HostedAction]) -> int | None:
+    return next((a.code for a in actions if isinstance(a, Exit)), None)

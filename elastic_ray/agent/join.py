@@ -1,0 +1,149 @@
+"""When a Ray node this agent started counts as joined (or, for a hosted head, ready).
+
+Runs on the thread that started the node (the effects thread, or the hosted
+head's own thread) and writes nothing shared but the handle's ``raylet``
+(set once). ``cancelled`` is asked on every turn, so a stop that supersedes
+the start ends the wait at once (whoever superseded it then holds the node
+and stops it).
+
+A node counts as joined once its raylet registered with the GCS: the raylet
+logs that in its registration callback (``RayNode.registered_node_id``), so
+the agent learns it as soon as the GCS lists the node ALIVE, without a GCS
+round trip. Fallbacks, should a Ray version log differently: `ray start`'s
+start-up line (printed only after the GCS listed the node) plus the id the
+raylet logged, then a GCS probe. The agent does not probe before the start-up
+line: each probe is a Python process importing Ray (about 1 s of CPU), which
+would compete with `ray start` itself on a small node. A Ray that never
+prints the line is probed after ``PROBE_WITHOUT_STARTUP_LINE_AFTER`` anyway.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import psutil
+
+from . import gcs
+from .local_ray import LocalRay
+from .machine import RayEnded, RayJoined
+from .ray_node import RayNode
+
+PROBE_WITHOUT_STARTUP_LINE_AFTER = 20.0
+PROBE_INTERVAL = 0.5
+# How long `ray start` may print nothing the agent recognises after its
+# start-up line before the agent asks the GCS instead.
+LOGGED_ID_GRACE = 2.0
+
+
+@dataclass(frozen=True)
+class Joined:
+    node_id: str | None        # None: the node exited or the start timed out
+    how: str = "gcs"           # where the id was seen, for the log
+
+
+def start_and_join(local: LocalRay, head_address: str | None, generation: int, role: str, start_timeout: float,
+                   log: Callable[..., None]) -> RayJoined | RayEnded | None:
+    """On the effects thread: start the node's Ray and wait until it joined;
+    the event to post, or None if a stop superseded the start (the stop then
+    holds the node and stops it)."""
+    handle = local.launch(head_address, generation, role)
+    if handle is None:
+        return None
+    joined = wait_joined(handle.node, handle.address, handle.temp_dir, handle.started, handle.started + start_timeout,
+                         cancelled=lambda: not local.current(generation), log=log)
+    if joined is None:
+        return None
+    handle.raylet = find_proc(handle.node.raylet_pid())
+    if joined.node_id:
+        log("ray_joined", node_id=joined.node_id, seconds=f"{time.time() - handle.started:.2f}",
+            raylet_pid=handle.raylet.pid if handle.raylet else "-", seen_in=joined.how)
+        return RayJoined(time.time(), joined.node_id)
+    rc = handle.node.poll_exit()
+    return RayEnded(time.time(), f"did not join (ray start exit {rc}); see {handle.log_path}")
+
+
+def wait_joined(node: RayNode, address: str | None, temp_dir: str, started: float, deadline: float,
+                cancelled: Callable[[], bool], log: Callable[..., None]) -> Joined | None:
+    """Wait until ``node`` joined, exited, or ``deadline`` passed; None if cancelled."""
+    next_probe = 0.0
+    logged_checked, finished_seen = False, 0.0
+    while time.time() < deadline:
+        if node.poll_exit() is not None:
+            break
+        if cancelled():
+            return None
+        now = time.time()
+        node_id = node.registered_node_id()
+        if node_id:
+            return Joined(node_id, "raylet registered")
+        finished = node.startup_finished()
+        if finished and not logged_checked:
+            # `ray start` printed its start-up line only once the GCS listed
+            # the node: the id its raylet logged is the one joined. (No such
+            # line within 2 s, say a new log format: ask the GCS.)
+            finished_seen = finished_seen or now
+            node_id = node.logged_node_id()
+            if node_id:
+                return Joined(node_id, "raylet log")
+            logged_checked = now - finished_seen > LOGGED_ID_GRACE
+        ready = finished or now - started > PROBE_WITHOUT_STARTUP_LINE_AFTER
+        if ready and (logged_checked or not finished) and now >= next_probe:
+            next_probe = now + PROBE_INTERVAL
+            try:
+                # A head's own raylet registers like any node, so both roles
+                # learn their node id the same way once the GCS lists it.
+                node_id = gcs.own_node_id(address, temp_dir, timeout=10)
+            except gcs.ProbeError as exc:
+                log("probe_failed", error=str(exc)[:200])
+            if node_id:
+                return Joined(node_id, "gcs")
+        time.sleep(0.1)
+    return Joined(None)
+
+
+def wait_gcs_open(node: RayNode, address: str | None, deadline: float,
+                  cancelled: Callable[[], bool]) -> bool | None:
+    """A hosted head is ready for workers once its GCS accepts connections: a
+    joining `ray start` needs nothing more, and publishing now overlaps the
+    workers' own start-up with the rest of the head's. True once open, False
+    if `ray start` exited or the deadline passed, None if cancelled."""
+    while time.time() < deadline:
+        if node.poll_exit() is not None:
+            break
+        if cancelled():
+            return None
+        if port_open(address):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def port_open(address: str | None, timeout: float = 0.5) -> bool:
+    if not address:
+        return False
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def find_proc(pid: int | None) -> psutil.Process | None:
+    if not pid:
+        return None
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def proc_alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+

@@ -1,0 +1,40 @@
+"""What an agent is started with: its command-line options, and the allocation
+config its node belongs to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..atomic import read_json
+from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from ..protocol.records import SessionInfo
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    session: Path
+    job_id: str
+    role: str                      # "head" or "worker"
+    node: str                      # Slurm node name
+    node_ip: str
+    node_index: int = 0            # SLURM_NODEID: node 0 may host an elected head
+    spec: Path | None = None       # the worker allocation's config (JSON)
+    poll_interval: float = 1.0     # how often the ray_head pointer is read
+    heartbeat_interval: float = 0.25  # a joining worker waits for one beat before it starts Ray
+    head_lost_after: float = 2.0   # silence after which a head counts as lost
+    backoff_base: float = 2.0
+    backoff_max: float = 60.0
+    start_timeout: float = 120.0
+
+
+def load_allocation(options: AgentOptions, info: SessionInfo) -> SlurmRunAllocationConfig:
+    """The head's run config, or the worker allocation's (its spec file, else the session's)."""
+    if options.role == "head":
+        return SlurmRunAllocationConfig.from_dict(info.head)
+    if options.spec is not None:
+        data = read_json(options.spec)
+        return SlurmWorkerAllocationConfig.from_dict(data.get("config", data))
+    if info.worker_allocation is not None:
+        return SlurmWorkerAllocationConfig.from_dict(info.worker_allocation)
+    return SlurmWorkerAllocationConfig()

@@ -1,0 +1,81 @@
+"""Publishing a head this agent serves (its head role's, or a hosted head):
+the endpoint file workers find it by, and the heartbeat they watch.
+
+Threads: the heartbeat socket is created and used by the event loop only
+(beats, the last beat at exit); the endpoint is written by the loop (head
+role) or by the hosted-head thread, which reads only the socket's endpoint,
+fixed once the socket exists (it is created before that thread starts).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from importlib import metadata
+from typing import Callable
+
+import zmq
+
+from ..protocol.channel import HeartbeatPublisher
+from ..protocol.records import HeadEndpoint
+from ..protocol.session_dir import SessionDir
+from .local_ray import RayHandle, NodePlace
+
+log = logging.getLogger("elastic_ray.agent")
+
+
+class HeadPublishing:
+    def __init__(self, session: SessionDir, secret: bytes, place: NodePlace, zctx: zmq.Context, control_endpoint: str,
+                 log: Callable[..., None], *, heartbeat: bool):
+        self.session = session
+        self.secret = secret
+        self.place = place
+        self.zctx = zctx
+        self.control_endpoint = control_endpoint
+        self._log = log
+        self.publisher: HeartbeatPublisher | None = None
+        if heartbeat:
+            self.ensure()
+
+    def ensure(self) -> None:
+        """Bind the heartbeat socket (once): before any endpoint names its port."""
+        if self.publisher is None:
+            self.publisher = HeartbeatPublisher(self.secret, self.place.session_id, self.place.node_ip,
+                                                context=self.zctx)
+
+    def beat(self, ok: bool, draining: bool) -> None:
+        if self.publisher is not None:
+            self.publisher.publish({"head_job": self.place.job_id, "ray_ok": ok, "draining": draining})
+
+    def write_endpoint(self, handle: RayHandle) -> None:
+        assert self.publisher is not None
+        p = self.place
+        ports = {k: v for k, v in handle.ports.items() if isinstance(v, int) and v > 0}
+        ports["gcs_port"] = int(handle.address.rpartition(":")[2]) if handle.address else ports.get("gcs_port", 0)
+        ports["heartbeat"] = int(self.publisher.endpoint.rpartition(":")[2])
+        ports["control"] = int(self.control_endpoint.rpartition(":")[2])
+        endpoint = HeadEndpoint(job_id=p.job_id, host=p.node, address=f"{p.node_ip}:{ports['gcs_port']}",
+                                ray_version=_ray_version(), started_at=time.time(), ports=ports)
+        self.session.write_head_endpoint(endpoint)
+        self._log("head_published", address=endpoint.address)
+
+    def close(self) -> None:
+        if self.publisher is None:
+            return
+        # A last heartbeat saying the head is down: followers leave now
+        # instead of after head_lost_after of silence plus a GCS probe.
+        # The socket drops what is unsent when it closes, so give its I/O
+        # thread a moment to hand the frame to TCP.
+        try:
+            self.publisher.publish({"head_job": self.place.job_id, "ray_ok": False, "draining": True})
+            time.sleep(0.1)
+        except Exception as exc:
+            log.warning("event=last_heartbeat_failed job=%s error=%s", self.place.job_id, exc)
+        self.publisher.close()
+
+
+def _ray_version() -> str:
+    try:
+        return metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        return "unknown"
