@@ -28,6 +28,21 @@ class AgentOptions:
     start_timeout: float = 120.0
 
 
+def hosts_head_at_start(options: AgentOptions) -> bool:
+    """Does this node host the run's head from the start? Pure apart from
+    reading the spec file.
+
+    In the default layout the run's first allocation is a worker allocation
+    whose spec says ``"host_head": true``: its first node starts a head-only
+    control plane next to its own Ray worker at once, so the allocation both
+    hosts the head and computes. No coordinator has to be around to ask.
+    """
+    if options.role != "worker" or options.node_index != 0 or options.spec is None:
+        return False
+    data = read_json(options.spec)
+    return isinstance(data, dict) and data.get("host_head") is True
+
+
 def load_allocation(options: AgentOptions, info: SessionInfo) -> SlurmRunAllocationConfig:
     """The head's run config, or the worker allocation's (its spec file, else the session's)."""
     if options.role == "head":

@@ -57,7 +57,7 @@ from .following import HeadFollower
 from .hosted import HostSettings
 from .hosted_head import HostedHead
 from .local_ray import LocalRay, NodePlace, RayHandle
-from .options import AgentOptions, load_allocation
+from .options import AgentOptions, hosts_head_at_start, load_allocation
 from .machine import (
     Context,
     DrainRay,
@@ -165,6 +165,9 @@ class Agent:
             log.warning("event=status_prune_failed error=%s", exc)
         self._publish_status(force_session=True)
         self._act(actions)
+        if hosts_head_at_start(self.o):
+            self._log("hosting_head_at_start")
+            self.hosted_head.request(time.time())
         try:
             self._loop()
         finally:

@@ -29,7 +29,7 @@ from ..polling import wait_for
 from ..protocol.channel import ControlError
 from ..protocol.records import AllocationRecord, HostedHeadState
 from ..scheduler.base import JobInfo
-from . import election, submit
+from . import election
 from .ports import ElectingSession
 
 log = logging.getLogger("elastic_ray.coordinator")
@@ -98,14 +98,14 @@ class Failover:
         else:
             job = self.submit_successor()
         if self.wait_head_ready(job, deadline):
-            self.switch_head(job, hosted_on_worker=False)
+            # In the default layout a successor is a worker allocation whose
+            # first node hosts the head (see Session.submit_head_allocation).
+            self.switch_head(job, hosted_on_worker=job in s.record().workers)
 
     def submit_successor(self) -> str:
-        """A new head allocation shaped like the first head, published as the successor."""
+        """A new allocation shaped like the first head, published as the successor."""
         s = self.session
-        spec = submit.head_spec(s.dir, s.job_name, s.head_config(), s.launcher)
-        job = s.scheduler.submit(spec)
-        s.note_head_started(job)
+        job = s.submit_head_allocation()
         s.dir.update_allocation(lambda r: replace(r, successor=job))
         log.info("event=successor_submitted session=%s job=%s", s.job_name, job)
         return job

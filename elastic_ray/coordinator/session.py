@@ -147,7 +147,15 @@ class Session:
         if worker_allocation is not None and not isinstance(worker_allocation, SlurmWorkerAllocationConfig):
             raise ConfigError("worker_allocation", worker_allocation, "must be a SlurmWorkerAllocationConfig")
         launcher = launcher or RayLauncher()
-        head = resolve_head_config(head)
+        if ray_head_only:
+            head = resolve_head_config(head)
+        elif not launcher.can_host_elected_head:
+            # The default layout hosts the head next to the first allocation's
+            # own Ray worker; with fixed ports the two would collide.
+            raise ConfigError("launcher.port_strategy", launcher.port_strategy,
+                              "the default layout (ray_head_only=False) hosts the head next to a Ray worker on "
+                              "the run's first node, which needs 'random' or 'hash_jobid'; with 'fixed', use a "
+                              "separate head allocation (ray_head_only=True)")
         path = Path(path).absolute()
         job_name = check_job_name(job_name or f"er-{uuid.uuid4().hex[:8]}")
         if isinstance(scheduler, Scheduler):
@@ -222,12 +230,34 @@ class Session:
 
     # ------------------------------------------------------------ head
     def _submit_head(self) -> str:
-        spec = submit.head_spec(self.dir, self.job_name, self.head_config(), self.launcher)
-        job_id = self.scheduler.submit(spec)
-        self.note_head_started(job_id)
+        job_id = self.submit_head_allocation()
         self.dir.update_allocation(lambda r: replace(r, head_job=job_id))
         self.dir.write_ray_head(job_id)
-        log.info("event=head_submitted session=%s job=%s", self.job_name, job_id)
+        log.info("event=head_submitted session=%s job=%s layout=%s", self.job_name, job_id,
+                 "separate head" if self.info.ray_head_only else "head on the first allocation")
+        return job_id
+
+    def submit_head_allocation(self) -> str:
+        """Submit an allocation shaped like the session's first head; returns its job id.
+
+        With a separate head (``ray_head_only``) that is a head-only
+        allocation whose Ray node advertises no CPUs or GPUs. In the default
+        layout it is a worker allocation whose first node also hosts the
+        head: its nodes offer their CPUs and GPUs to Ray like any worker's,
+        and it is recorded as a worker allocation of the session. Neither the
+        record's head nor the ``ray_head`` pointer moves here.
+        """
+        if self.info.ray_head_only:
+            spec = submit.head_spec(self.dir, self.job_name, self.head_config(), self.launcher)
+            job_id = self.scheduler.submit(spec)
+        else:
+            config = SlurmWorkerAllocationConfig.from_dict(self.info.head)
+            spec_path = submit.write_worker_spec(self.dir, config, host_head=True)
+            job_id = self.scheduler.submit(submit.worker_spec(self.dir, self.job_name, config, self.launcher,
+                                                              spec_path))
+            self.dir.update_allocation(lambda r: r.with_worker(
+                WorkerRecord(job_id=job_id, config=config.to_dict(), submitted_at=time.time())))
+        self.note_head_started(job_id)
         return job_id
 
     def wait_for_head(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> str:

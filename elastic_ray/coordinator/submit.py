@@ -50,13 +50,20 @@ def head_spec(session: SessionDir, job_name: str, head: SlurmRunAllocationConfig
                    env=agent_env(launcher), pre_start_commands=launcher.pre_start_commands)
 
 
-def write_worker_spec(session: SessionDir, config: SlurmWorkerAllocationConfig) -> Path:
+def write_worker_spec(session: SessionDir, config: SlurmWorkerAllocationConfig, *,
+                      host_head: bool = False) -> Path:
     """The worker's resolved config, written before submission so the agent
-    never races the coordinator's record of the job."""
+    never races the coordinator's record of the job. ``host_head``: the
+    allocation's first node hosts the run's head from the start (the
+    default layout, where the run's first allocation hosts the head and
+    computes)."""
     directory = session.path / "specs"
     directory.mkdir(mode=0o700, exist_ok=True)
     path = directory / f"worker-{uuid.uuid4().hex[:12]}.json"
-    atomic_write_json(path, {"config": config.to_dict()}, mode=0o644)
+    body: dict = {"config": config.to_dict()}
+    if host_head:
+        body["host_head"] = True
+    atomic_write_json(path, body, mode=0o644)
     return path
 
 

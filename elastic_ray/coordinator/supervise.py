@@ -95,7 +95,10 @@ class HeadSupervisor:
     def _check(self, now: float, obs: HeadObservation) -> None:
         session = self.session
         rec = session.record()
-        if not should_elect_on_its_own(bool(rec.workers), session.info.ray_head_only):
+        # The allocation that hosts the head (the run's first one, in the
+        # default layout) is not an *added* worker allocation.
+        added = any(job != rec.head_job for job in rec.workers)
+        if not should_elect_on_its_own(added, session.info.ray_head_only):
             return
         jobs = session.query()
         assessment = session.assess_head(rec, jobs, obs, now)
