@@ -19,15 +19,14 @@ import pytest
 
 from elastic_ray.errors import SchedulerError
 from elastic_ray.scheduler.base import JobState
-from elastic_ray.scheduler.slurm import (
+from elastic_ray.config.slurm_values import MAX_HOSTS, expand_hostlist
+from elastic_ray.scheduler.slurm import SlurmScheduler
+from elastic_ray.scheduler.slurm_parse import (
     FIELD_SEP,
-    MAX_HOSTS,
     SQUEUE_FIELDS,
     SQUEUE_FORMAT,
-    SlurmScheduler,
     child_env,
     ended_unknown,
-    expand_hostlist,
     parse_sacct_output,
     parse_sbatch_parsable,
     parse_scontrol_fields,

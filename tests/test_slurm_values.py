@@ -251,13 +251,13 @@ def test_every_part_uses_the_one_vocabulary():
     """The records, both schedulers, the renderer and the frames check with
     these functions, not with copies that could drift apart again."""
     from elastic_ray.protocol import frames, records
-    from elastic_ray.scheduler import render, slurm
+    from elastic_ray.scheduler import render, slurm, slurm_parse
     from elastic_ray.scheduler.local import record
 
     assert records.is_job_id is is_job_id and records.check_job_id is check_job_id
     assert records.check_job_name is check_job_name
     assert slurm.check_job_id is check_job_id and slurm.check_job_name is check_job_name
-    assert slurm.expand_hostlist is expand_hostlist and slurm.MAX_HOSTS == MAX_HOSTS
+    assert slurm_parse.expand_hostlist is expand_hostlist and slurm_parse.is_job_id is is_job_id
     assert render.check_job_name is check_job_name
     assert record.parse_signal_name is parse_signal_name
     assert frames.is_job_id is is_job_id
