@@ -53,7 +53,7 @@ def session_root(configured: str | None) -> Path:
 
 def run_key(context: Any) -> str:
     """The root run id of the run ``context`` belongs to (asset, op or resource context)."""
-    run = getattr(context, "dagster_run", None) or getattr(context, "run", None)
+    run = getattr(context, "run", None)
     if run is None:
         raise ValueError("context: no Dagster run attached (build it with a run, or use materialize())")
     return run.root_run_id or run.run_id
