@@ -26,8 +26,8 @@ def teardown_all(root: Path) -> None:
             session.close()
 
 
-@pytest.fixture
-def session_root(tmp_path, monkeypatch):
+@pytest.fixture(name="session_root")
+def session_root_fixture(tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_AGENT_BACKOFF_BASE", "1")
     monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
     root = tmp_path / "sessions"

@@ -20,7 +20,7 @@ from elastic_ray.dagster import (
     SlurmRunAllocationConfig,
     SlurmWorkerAllocationConfig,
 )
-from tests.dagster_helpers import all_jobs_final, session_root  # noqa: F401 - fixture
+from tests.dagster_helpers import all_jobs_final, session_root_fixture  # noqa: F401 - fixture "session_root"
 from tests.helpers import committed_units, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

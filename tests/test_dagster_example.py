@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dagster_helpers import all_jobs_final, session_root  # noqa: F401 - fixture
+from tests.dagster_helpers import all_jobs_final, session_root_fixture  # noqa: F401 - fixture "session_root"
 from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationCo
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.session import Session
 from elastic_ray.dagster import build_orphan_sensor
-from tests.dagster_helpers import session_root  # noqa: F401 - fixture
+from tests.dagster_helpers import session_root_fixture  # noqa: F401 - fixture "session_root"
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
