@@ -3,7 +3,8 @@
 Run as ``python -m elastic_ray.demo.payload COMMITS TOTAL``. A relaunch skips
 committed units, which is how a payload survives a head failover: the new
 head is a new Ray cluster, so the only state that carries over is what was
-committed outside Ray.
+committed outside Ray. :func:`commit_units` is the loop itself, shared with
+the Dagster Pipes variant (``elastic_ray.demo.pipes_payload``).
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 
-def main() -> int:
+def commit_units(path: str, total: int, say: Callable[[str], None] = print) -> dict[str, int]:
+    """Compute and commit every unit of ``range(total)`` not yet in ``path``.
+
+    Needs a connected Ray. Returns counts: already committed, committed now,
+    and the number of distinct nodes that computed them.
+    """
     import ray
 
-    path, total = sys.argv[1], int(sys.argv[2])
-    ray.init(logging_level="ERROR", log_to_driver=False)
     done = set(open(path).read().split()) if os.path.exists(path) else set()
 
     @ray.remote(num_cpus=1, max_retries=3)
@@ -27,7 +32,9 @@ def main() -> int:
         return unit, os.environ.get("SLURMD_NODENAME", socket.gethostname())
 
     todo = [u for u in range(total) if str(u) not in done]
-    print(f"payload: {len(done)} units already committed, {len(todo)} to go", flush=True)
+    say(f"payload: {len(done)} units already committed, {len(todo)} to go")
+    all_nodes: set[str] = set()
+    committed = 0
     while todo:
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         wave, todo = todo[:cpus], todo[cpus:]
@@ -38,8 +45,18 @@ def main() -> int:
             os.write(fd, f"{unit}\n".encode())
             os.fsync(fd)
             os.close(fd)
-        print(f"payload: committed {len(wave)} units on {sorted(nodes)}; cluster CPUs {cpus}; "
-              f"{len(todo)} left", flush=True)
+            committed += 1
+        all_nodes |= nodes
+        say(f"payload: committed {len(wave)} units on {sorted(nodes)}; cluster CPUs {cpus}; {len(todo)} left")
+    return {"already_committed": len(done), "committed_now": committed, "nodes": len(all_nodes)}
+
+
+def main() -> int:
+    import ray
+
+    path, total = sys.argv[1], int(sys.argv[2])
+    ray.init(logging_level="ERROR", log_to_driver=False)
+    commit_units(path, total, lambda line: print(line, flush=True))
     return 0
 
 

@@ -1,0 +1,142 @@
+"""Real Dagster assets on real sessions: local scheduler, real agents, real Ray.
+
+Each test materializes assets in-process with ``dagster.materialize``, so the
+run's session is torn down when the run ends (checked at the end).
+"""
+
+
+import threading
+
+import dagster
+import pytest
+
+import elastic_ray.demo.pipes_payload as pipes_payload_module
+from elastic_ray.dagster import (
+    ComputeResource,
+    RayLauncher,
+    SlurmAllocationEnded,
+    SlurmQueueConfig,
+    SlurmResource,
+    SlurmRunAllocationConfig,
+    SlurmWorkerAllocationConfig,
+)
+from tests.dagster_helpers import all_jobs_final, session_root_fixture  # noqa: F401 - fixture "session_root"
+from tests.helpers import committed_units, wait_until
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+PAYLOAD = pipes_payload_module.__file__
+LAUNCHER = RayLauncher(object_store_memory=100_000_000)
+
+
+def cpu_head_compute(**kwargs) -> ComputeResource:
+    """The CPU-head layout: a small head allocation, compute in gpu-a."""
+    return ComputeResource(
+        mode="local",
+        slurm=SlurmResource(queue=SlurmQueueConfig(time_limit="30", mem="1G")),
+        default_launcher=LAUNCHER,
+        ray_head_allocation=SlurmRunAllocationConfig(partition="cpu", cpus_per_task=1, mem="1G", time_limit="30"),
+        run_allocation=SlurmRunAllocationConfig(partition="gpu-a", cpus_per_task=2, mem="2G"),
+        **kwargs,
+    )
+
+
+def materialization_metadata(result: dagster.ExecuteInProcessResult, key: str) -> dict:
+    events = result.asset_materializations_for_node(key)
+    assert events, f"no materialization of {key}"
+    return {k: v.value for k, v in events[-1].metadata.items()}
+
+
+def test_cpu_head_pipes_metadata_and_waiting_for_an_added_worker(session_root, tmp_path):
+    commits = tmp_path / "commits.txt"
+    seen: dict = {}
+
+    @dagster.asset
+    def grown(context: dagster.AssetExecutionContext, compute: ComputeResource):
+        session = compute.get_run_allocation_session(context)
+        # The asset grows the cluster; the payload waits until the CPUs joined.
+        extra = session.add_worker_allocation(SlurmWorkerAllocationConfig(partition="gpu-b", cpus_per_task=1))
+        seen["extra"] = extra.config
+        seen["first"] = session.worker_allocations[0].config
+        return compute.run(context=context, payload_path=PAYLOAD,
+                           args=[str(commits), "6", "--wait-cpus", "3"]).get_results()
+
+    result = dagster.materialize([grown], resources={"compute": cpu_head_compute()})
+    assert result.success
+    meta = materialization_metadata(result, "grown")
+    assert meta["committed_now"] == 6 and meta["already_committed"] == 0
+    assert meta["cpus_seen"] >= 3, meta          # the added worker's CPU joined (2 + 1)
+    assert meta["elastic_ray/head_job"]          # our own metadata rides along
+    assert sorted(committed_units(commits)) == list(range(6))
+    # The queue rule: the first worker took the queue's walltime; the added one
+    # inherits the first as resolved (walltime, memory) but keeps its own CPUs.
+    assert seen["first"].time_limit == "30" and seen["first"].mem == "2G"
+    assert seen["extra"].partition == "gpu-b" and seen["extra"].cpus_per_task == 1
+    assert seen["extra"].time_limit == "30" and seen["extra"].mem == "2G"
+    # In-process execution: the run's end tore its session down.
+    wait_until(lambda: all_jobs_final(session_root), timeout=60, message="run's jobs ended")
+
+
+def test_seed_failover_loop_commits_every_unit_once(session_root, tmp_path):
+    commits = tmp_path / "commits.txt"
+    total = 24
+    failovers: list[str] = []
+
+    def cancel_head_mid_run(session) -> None:
+        wait_until(lambda: len(committed_units(commits)) >= 4, timeout=120, message="payload progress")
+        session.session.scheduler.cancel(session.session.record().head_job)
+
+    @dagster.asset
+    def robust(context: dagster.AssetExecutionContext, compute: ComputeResource):
+        session = compute.get_run_allocation_session(context)
+        threading.Thread(target=cancel_head_mid_run, args=(session,), daemon=True).start()
+        while True:
+            try:
+                return compute.run(context=context, payload_path=PAYLOAD,
+                                   args=[str(commits), str(total)]).get_results()
+            except SlurmAllocationEnded as ended:
+                failovers.append(ended.allocation_state)
+                session.replace_head(timeout=180)
+
+    result = dagster.materialize([robust], resources={"compute": cpu_head_compute()})
+    assert result.success
+    assert failovers and failovers[0] in ("CANCELLED", "COMPLETING", "REPLACED", "JOB_ENDED"), failovers
+    units = committed_units(commits)
+    assert sorted(units) == list(range(total)), "every unit committed exactly once"
+    meta = materialization_metadata(result, "robust")
+    assert meta["already_committed"] >= 4 and meta["already_committed"] + meta["committed_now"] == total
+    wait_until(lambda: all_jobs_final(session_root), timeout=60, message="run's jobs ended")
+
+
+CPU_PROBE = r'''
+from dagster_pipes import open_dagster_pipes
+import ray
+from elastic_ray.ray import wait_for_stable_ray_resources
+with open_dagster_pipes() as pipes:
+    ray.init(logging_level="ERROR", log_to_driver=False)
+    seen = wait_for_stable_ray_resources({"CPU": 2}, poll_interval_seconds=0.5, timeout_seconds=30)
+    cpus = ray.get(ray.remote(num_cpus=1)(lambda: 1).remote())
+    pipes.report_asset_materialization(metadata={"cpus": seen["CPU"], "nodes": len(ray.nodes())})
+'''
+
+
+def test_default_layout_head_computes(session_root, tmp_path):
+    """Without ray_head_allocation the run's first allocation hosts the head
+    AND offers its CPUs to Ray tasks (needs the core's computing head)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(CPU_PROBE)
+
+    @dagster.asset
+    def on_the_head(context: dagster.AssetExecutionContext, compute: ComputeResource):
+        session = compute.get_run_allocation_session(context)
+        assert not session.session.info.ray_head_only and not session.worker_allocations
+        return compute.run(context=context, payload_path=str(probe)).get_results()
+
+    compute = ComputeResource(mode="local", default_launcher=LAUNCHER,
+                              run_allocation=SlurmRunAllocationConfig(partition="cpu", cpus_per_task=2, mem="2G",
+                                                                      time_limit="30"))
+    result = dagster.materialize([on_the_head], resources={"compute": compute})
+    assert result.success
+    meta = materialization_metadata(result, "on_the_head")
+    assert meta["cpus"] >= 2 and meta["nodes"] == 1
+    wait_until(lambda: all_jobs_final(session_root), timeout=60, message="run's jobs ended")
