@@ -5,6 +5,12 @@ Each record has ``to_dict`` (what we write) and ``from_dict`` (what we accept):
 directory turns that into ``CorruptFileError`` with the file's path. A reader
 therefore either gets a well-formed record or a clear report, never a
 ``KeyError`` deep inside the coordinator.
+
+Why one module of about 600 lines: it is the whole on-disk format of a
+session, read by agents of one version and coordinators of another. Keeping
+every record, the one field reader (``_get``) and the one version rule
+together means a reviewer sees in one file everything a change to the wire
+format touches, and no record can drift from the shared checks.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ uses the same local scheduler state directory: the submitter, the job's own
 supervisor (``job``), and any process that queries or cancels. Keeping
 the decisions here, as functions of a record and a time, is what lets them be
 tested exhaustively while the processes that act on them stay thin.
+
+Why one module of a little over 500 lines: the record, the events that
+change it and the transition function are one state machine; split, a new
+state would have to be added in three files that must agree.
 """
 
 from __future__ import annotations
