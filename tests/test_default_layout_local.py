@@ -54,7 +54,9 @@ def test_the_first_allocation_hosts_the_head_and_computes(tmp_path, monkeypatch)
         session.wait_for_head(timeout=120)
         record = session.record()
         first = record.head_job
-        assert first in record.workers, "the run's first allocation is recorded as a worker allocation"
+        assert first in record.workers and record.workers[first].hosts_run_head, \
+            "the run's first allocation is recorded as a worker allocation that hosts the run's head"
+        assert session.worker_allocations == [], "it is not an added worker allocation"
         wait_until(lambda: any(s.state is AgentState.JOINED and s.head_job == first
                                for s in session.node_states(first).values()),
                    timeout=90, message="the first allocation's worker did not join its own head")

@@ -281,3 +281,17 @@ def test_record_json_is_readable_by_people(session):
     session.update_allocation(add_worker("101"))
     data = json.loads(session.allocation_file.read_text())
     assert data["workers"]["101"]["state"] == "submitted"
+
+
+def test_a_worker_record_knows_whether_it_hosts_the_runs_head():
+    """``hosts_run_head`` was added compatibly: records written before it read as False."""
+    from elastic_ray.protocol.records import WorkerRecord
+
+    added = WorkerRecord(job_id="7", config={"partition": "cpu"}, submitted_at=1.0)
+    first = WorkerRecord(job_id="8", config={}, submitted_at=1.0, hosts_run_head=True)
+    assert WorkerRecord.from_dict(first.to_dict()) == first
+    assert WorkerRecord.from_dict(added.to_dict()).hosts_run_head is False
+    old = {k: v for k, v in first.to_dict().items() if k != "hosts_run_head"}
+    assert WorkerRecord.from_dict(old).hosts_run_head is False
+    with pytest.raises(ValueError, match="hosts_run_head"):
+        WorkerRecord.from_dict({**first.to_dict(), "hosts_run_head": "yes"})

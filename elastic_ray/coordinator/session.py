@@ -226,7 +226,9 @@ class Session:
     @property
     def worker_allocations(self) -> list[WorkerAllocation]:
         """Live worker allocations (pending or running, not removed), from the shared record."""
-        return [WorkerAllocation(self, lw.job_id) for lw in election.live_workers(self.record(), self.query())]
+        rec = self.record()
+        return [WorkerAllocation(self, lw.job_id) for lw in election.live_workers(rec, self.query())
+                if not rec.workers[lw.job_id].hosts_run_head]
 
     # ------------------------------------------------------------ head
     def _submit_head(self) -> str:
@@ -256,7 +258,7 @@ class Session:
             job_id = self.scheduler.submit(submit.worker_spec(self.dir, self.job_name, config, self.launcher,
                                                               spec_path))
             self.dir.update_allocation(lambda r: r.with_worker(
-                WorkerRecord(job_id=job_id, config=config.to_dict(), submitted_at=time.time())))
+                WorkerRecord(job_id=job_id, config=config.to_dict(), submitted_at=time.time(), hosts_run_head=True)))
         self.note_head_started(job_id)
         return job_id
 

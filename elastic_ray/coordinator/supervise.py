@@ -95,9 +95,9 @@ class HeadSupervisor:
     def _check(self, now: float, obs: HeadObservation) -> None:
         session = self.session
         rec = session.record()
-        # The allocation that hosts the head (the run's first one, in the
-        # default layout) is not an *added* worker allocation.
-        added = any(job != rec.head_job for job in rec.workers)
+        # The allocation submitted to host the head (the run's first one, in
+        # the default layout) is not an *added* worker allocation.
+        added = any(not w.hosts_run_head for w in rec.workers.values())
         if not should_elect_on_its_own(added, session.info.ray_head_only):
             return
         jobs = session.query()

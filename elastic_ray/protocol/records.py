@@ -114,6 +114,9 @@ class WorkerRecord:
 
     ``state`` is the session's intent, not Slurm's state (ask the scheduler
     for that): submitted, draining (a drain was requested) or removed.
+    ``hosts_run_head``: submitted to host the run's head and compute (the
+    default layout's first allocation, or a successor shaped like it), not
+    added by the user; ``Session.worker_allocations`` leaves it out.
     """
 
     job_id: str
@@ -123,6 +126,7 @@ class WorkerRecord:
     drain_requested_at: float | None = None
     drain_deadline: float | None = None
     head_failures: int = 0
+    hosts_run_head: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -133,6 +137,7 @@ class WorkerRecord:
             "drain_requested_at": self.drain_requested_at,
             "drain_deadline": self.drain_deadline,
             "head_failures": self.head_failures,
+            "hosts_run_head": self.hosts_run_head,
         }
 
     @classmethod
@@ -145,6 +150,8 @@ class WorkerRecord:
             raise ValueError("head_failures must not be negative")
         drain_at = _get(data, "drain_requested_at", (int, float), optional=True)
         deadline = _get(data, "drain_deadline", (int, float), optional=True)
+        # Added in a compatible way: records written before it have no key.
+        hosts_run_head = _get(data, "hosts_run_head", bool, optional=True) or False
         return cls(
             job_id=check_job_id(_get(data, "job_id", str)),
             config=MappingProxyType(dict(_get(data, "config", dict))),
@@ -153,6 +160,7 @@ class WorkerRecord:
             drain_requested_at=None if drain_at is None else float(drain_at),
             drain_deadline=None if deadline is None else float(deadline),
             head_failures=failures,
+            hosts_run_head=hosts_run_head,
         )
 
 
