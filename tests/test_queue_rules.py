@@ -201,3 +201,26 @@ def test_session_layout_computing_head_is_parent_of_its_worker():
     assert layout.head.cpus_per_task == 8 and layout.head.time_limit == "08:00:00"
     w = layout.worker_allocation
     assert (w.partition, w.cpus_per_task, w.num_nodes, w.gpus_per_node) == ("gpu-a", 8, 3, 4)
+
+
+def test_later_workers_inherit_from_the_first_worker_as_resolved():
+    """The first worker took its memory from the head; a later worker that
+    sets nothing inherits that resolved value, not the raw template's gap."""
+    from elastic_ray.config import SlurmRunAllocationConfig
+    from elastic_ray.config import SlurmWorkerAllocationConfig as W
+    from elastic_ray.config import inherit_worker_config
+    from elastic_ray.coordinator.submit import first_worker_config
+    from elastic_ray.protocol.records import AllocationRecord, WorkerRecord
+
+    head = SlurmRunAllocationConfig(partition="cpu", time_limit="60", mem="4G", account="proj")
+    template = W(partition="gpu-a", gpus_per_node=2)
+    first = inherit_worker_config(template, None, head)
+    assert first.mem == "4G" and first.account == "proj"
+    record = AllocationRecord().with_worker(WorkerRecord(job_id="10", config=first.to_dict(), submitted_at=1.0))
+    record = record.with_worker(WorkerRecord(job_id="12", config=W(partition="cpu").to_dict(), submitted_at=2.0))
+    parent = first_worker_config(record, template.to_dict())
+    assert parent == first
+    later = inherit_worker_config(W(), parent, head)
+    assert (later.partition, later.gpus_per_node, later.mem, later.account) == ("gpu-a", 2, "4G", "proj")
+    assert first_worker_config(AllocationRecord(), template.to_dict()) == template
+    assert first_worker_config(AllocationRecord(), None) is None

@@ -286,13 +286,7 @@ class Session:
 
     # ------------------------------------------------------------ workers
     def _parent_configs(self, rec: AllocationRecord) -> tuple[SlurmRunAllocationConfig | None, SlurmRunAllocationConfig]:
-        first: SlurmRunAllocationConfig | None = None
-        if self.info.worker_allocation is not None:
-            first = SlurmWorkerAllocationConfig.from_dict(self.info.worker_allocation)
-        elif rec.workers:
-            earliest = min(rec.workers, key=int)
-            first = SlurmWorkerAllocationConfig.from_dict(rec.workers[earliest].config)
-        return first, self.head_config()
+        return submit.first_worker_config(rec, self.info.worker_allocation), self.head_config()
 
     def add_worker_allocation(self, config: SlurmWorkerAllocationConfig) -> WorkerAllocation:
         """Submit a worker allocation; returns on submission, not on start."""

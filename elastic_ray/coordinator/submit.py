@@ -18,6 +18,7 @@ from pathlib import Path
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
 from ..atomic import atomic_write_json
+from ..protocol.records import AllocationRecord
 from ..protocol.session_dir import SessionDir
 from ..scheduler.base import JobSpec
 
@@ -73,3 +74,22 @@ def worker_spec(session: SessionDir, job_name: str, config: SlurmWorkerAllocatio
                    node_argv=agent_argv(session, "worker", spec_path), workdir=session.path,
                    output=str(session.log_dir / "worker-%j.out"), env=agent_env(launcher),
                    pre_start_commands=launcher.pre_start_commands)
+
+
+def first_worker_config(record: AllocationRecord,
+                        template: Mapping | None) -> SlurmWorkerAllocationConfig | None:
+    """The session's first worker allocation AS RESOLVED, which later worker
+    allocations inherit from. Pure.
+
+    That is the earliest worker allocation in the record (its config was
+    resolved when it was submitted, so it carries what it took from the
+    head); before any was submitted, the session's worker template.
+    Inheriting from the raw template instead would lose what the first
+    worker inherited.
+    """
+    if record.workers:
+        earliest = min(record.workers, key=int)
+        return SlurmWorkerAllocationConfig.from_dict(record.workers[earliest].config)
+    if template is not None:
+        return SlurmWorkerAllocationConfig.from_dict(template)
+    return None
