@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,7 @@ import pytest
 from elastic_ray.config import SlurmRunAllocationConfig as Alloc
 from elastic_ray.errors import SchedulerError
 from elastic_ray.scheduler.base import JobInfo, JobSpec, JobState, Scheduler
-from helpers import marker_events, wait_until, write_marker_script
+from helpers import marker_events, stays, wait_until, write_marker_script
 
 # Generous enough for Slurm (start within ~1 s, a scheduling pass every few
 # seconds); the local backend needs a fraction of it.
@@ -227,6 +227,33 @@ def test_query_reports_all_jobs_of_a_name_in_one_call(backend):
     wait_until(lambda: all(i.state is JobState.CANCELLED for i in backend.scheduler.query(name).values()),
                TIMEOUT, 0.2, "all three cancelled by name")
     assert backend.info(other, stranger).state is JobState.RUNNING  # another name is left alone
+
+
+# A user that exists on the lab and on this machine and never submits here.
+OTHER_USER = "nobody"
+
+
+def test_queries_and_cancels_act_for_one_user_only(backend):
+    """squeue/scancel ``--user``: to another user, our same-named jobs are not
+    theirs, so by name they are neither listed nor cancelled; by id, a cancel
+    filtered to another user skips them; the owner and the comment are reported."""
+    name = backend.name()
+    jobs = [backend.scheduler.submit(replace(backend.spec(name, ("sleep", "300")), comment=f"elastic-ray:ct:{i}"))
+            for i in range(2)]
+    wait_until(lambda: all(i.state is JobState.RUNNING for i in backend.scheduler.query(name, jobs).values()),
+               TIMEOUT, 0.2, "both jobs running")
+    mine = backend.scheduler.query(name)
+    assert sorted(mine) == sorted(jobs)
+    assert {(i.user, i.comment) for i in mine.values()} == {(backend.scheduler.user, f"elastic-ray:ct:{i}")
+                                                          for i in range(2)}
+    assert backend.scheduler.query(name, user=OTHER_USER) == {}
+    backend.scheduler.cancel_by_name(name, user=OTHER_USER)
+    backend.scheduler.cancel_jobs(jobs, user=OTHER_USER)
+    stays(lambda: all(i.state is JobState.RUNNING for i in backend.scheduler.query(name, jobs).values()), 3.0,
+          message="jobs of another user's name and ids are left running")
+    backend.scheduler.cancel_jobs([jobs[0], UNKNOWN_ID])  # an unknown id among them is not an error
+    backend.wait_state(name, jobs[0], JobState.CANCELLED)
+    assert backend.info(name, jobs[1]).state is JobState.RUNNING
 
 
 def test_unknown_id_is_ended_unknown(backend):

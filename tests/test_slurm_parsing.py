@@ -212,13 +212,15 @@ def test_hostlist_refuses_malformed_lists(text):
 def squeue_line(**fields: str) -> str:
     base = dict(job_id="7", name="er-x", state="RUNNING", partition="cpu", nodes="cpu-[1-2]",
                 submit_time="2026-11-29T23:57:12", start_time="2026-11-29T23:57:13",
-                end_time="2026-11-30T00:02:13", time_left="4:58", reason="None")
+                end_time="2026-11-30T00:02:13", time_left="4:58", user="alice", comment="(null)",
+                reason="None")
     base.update(fields)
     return FIELD_SEP.join(base[name] for name, _ in SQUEUE_FIELDS)
 
 
 def test_squeue_format_asks_for_every_field_in_order():
-    assert SQUEUE_FORMAT.split(FIELD_SEP) == ["%A", "%j", "%T", "%P", "%N", "%V", "%S", "%e", "%L", "%r"]
+    assert SQUEUE_FORMAT.split(FIELD_SEP) == ["%A", "%j", "%T", "%P", "%N", "%V", "%S", "%e", "%L", "%u", "%k",
+                                                "%r"]
 
 
 def test_squeue_running_job():
@@ -263,8 +265,8 @@ def test_squeue_unknown_state_is_kept_raw():
 
 
 @pytest.mark.parametrize("line,match", [
-    ("7|er-x|RUNNING", "expected 10 fields"),
-    ("", "expected 10 fields"),
+    ("7|er-x|RUNNING", "expected 12 fields"),
+    ("", "expected 12 fields"),
     (squeue_line(job_id="7_1"), "bad job id"),
     (squeue_line(job_id=""), "bad job id"),
     (squeue_line(job_id="\u0667"), "bad job id"),
@@ -457,7 +459,8 @@ def test_query_is_one_squeue_call_when_every_job_is_listed():
     slurm = ScriptedSlurm({"squeue": squeue_answer(*lines)})
     jobs = slurm.query("er-x", [str(i) for i in range(1, 21)])
     assert len(jobs) == 20 and dict(slurm.calls) == {"squeue": 1}
-    assert slurm.argvs[0] == ["squeue", "--name=er-x", "--states=all", "--noheader", f"--format={SQUEUE_FORMAT}"]
+    assert slurm.argvs[0] == ["squeue", "--name=er-x", f"--user={slurm.user}", "--states=all", "--noheader",
+                              f"--format={SQUEUE_FORMAT}"]
 
 
 def test_purged_job_without_accounting_is_ended_unknown_and_sacct_is_asked_once():
@@ -525,7 +528,7 @@ def test_squeue_failure_is_a_scheduler_error_not_ended_jobs():
 
 def test_unreadable_squeue_output_is_a_clear_scheduler_error():
     slurm = ScriptedSlurm({"squeue": lambda argv: ("7|er-x|RUNNING\n", "", 0)})
-    with pytest.raises(SchedulerError, match="cannot read squeue's output.*expected 10 fields"):
+    with pytest.raises(SchedulerError, match="cannot read squeue's output.*expected 12 fields"):
         slurm.query("er-x")
 
 
@@ -550,4 +553,4 @@ def test_signal_and_cancel_argv():
     slurm.signal("8", "TERM", batch=True)
     slurm.cancel_by_name("er-x")
     assert slurm.argvs == [["scancel", "--signal=USR1", "8"], ["scancel", "--signal=TERM", "--batch", "8"],
-                           ["scancel", "--name=er-x"]]
+                           ["scancel", "--name=er-x", f"--user={slurm.user}"]]

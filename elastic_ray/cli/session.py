@@ -306,14 +306,19 @@ def replace_head_cmd(ctx: click.Context, directory: Path, timeout: float) -> Non
 @click.pass_context
 @failures_as_click
 def teardown_cmd(ctx: click.Context, directory: Path, timeout: float) -> None:
-    """Cancel every job of the session, then wait until none is active."""
+    """Cancel every job of the session, then wait until none is active.
+
+    The session's jobs are the ids it recorded (and any job its own
+    submissions marked), of the user who submitted them: a job of another
+    session or user that carries the same name is neither cancelled nor
+    waited for.
+    """
     session = _session_path(ctx, directory)
     try:
         record = session.record()
         extra = [*record.predecessors, *([record.successor] if record.successor else [])]
-        before = session.query(extra=extra)
-        cancelled = sorted((j for j, i in before.items() if i.state.is_active), key=job_sort_key)
-        session.teardown()
+        cancelled = sorted(session.teardown(extra), key=job_sort_key)
+        extra += [job for job in cancelled if job not in extra]
 
         def look() -> tuple[dict[str, Any], list[str]]:
             jobs = session.query(extra=extra)

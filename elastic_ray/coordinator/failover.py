@@ -105,8 +105,8 @@ class Failover:
     def submit_successor(self) -> str:
         """A new allocation shaped like the first head, published as the successor."""
         s = self.session
-        job = s.submit_head_allocation()
-        s.dir.update_allocation(lambda r: replace(r, successor=job))
+        # Recorded as the successor in the same update that records the job.
+        job = s.submit_head_allocation(lambda r, submitted: replace(r, successor=submitted))
         log.info("event=successor_submitted session=%s job=%s", s.job_name, job)
         return job
 

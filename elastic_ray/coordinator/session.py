@@ -4,6 +4,9 @@ Any process of a run may hold a Session on the same directory at the same
 time (the supervisor, every payload step, a CLI in another shell): all
 shared state lives in the session directory, changed under its lock, and
 Slurm is asked about all of the session's jobs in one query per poll.
+A session's jobs are the ids it recorded, of the user who submitted them
+(see :mod:`.ownership`); submitting, querying and cancelling go through
+:class:`.jobs.SessionJobs`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from ..config import (
@@ -24,19 +26,20 @@ from ..config import (
     inherit_worker_config,
     resolve_head_config,
 )
-from ..errors import AllocationFailed, ConfigError, SchedulerError, SlurmAllocationEnded
+from ..errors import AllocationFailed, ConfigError, SlurmAllocationEnded
 from ..config.launcher import RayLauncher
 from ..polling import wait_for
 from ..protocol.channel import ControlClient, ControlError
 from ..protocol.records import AgentState, NodeState
 from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
 from ..protocol.session_dir import SessionDir
-from ..scheduler.base import JobInfo, JobState, Scheduler
+from ..scheduler.base import JobInfo, JobState, Scheduler, current_user
 from ..scheduler.factory import make_scheduler
 from . import election, submit
 from .claims import ClaimOutcome, election_claim
 from .drivers import PayloadRun
 from .failover import CONTROL_TIMEOUT, HEAD_START_GRACE, Failover
+from .jobs import RecordAs, SessionJobs
 from .headwatch import HeadObservation, HeadWatch
 from .supervise import HeadSupervisor
 
@@ -90,6 +93,7 @@ class Session:
         self.launcher = RayLauncher.from_dict(self.info.launcher)
         self.scheduler = scheduler or make_scheduler(self.info.scheduler["kind"],
                                                      state_dir=self.info.scheduler.get("state_dir"))
+        self.jobs = SessionJobs(directory, self.scheduler, self.info)
         self.claim_period = claim_period
         self._secret: bytes | None = None
         self._watch: HeadWatch | None = None
@@ -173,7 +177,8 @@ class Session:
         info = SessionInfo(session_id=uuid.uuid4().hex, job_name=job_name, created_at=time.time(),
                            scheduler=sched_info, head=head.to_dict(), ray_head_only=ray_head_only,
                            worker_allocation=None if worker_allocation is None else worker_allocation.to_dict(),
-                           launcher=launcher.to_dict())
+                           launcher=launcher.to_dict(),
+                           user=getattr(sched_obj, "user", "") or current_user())
         directory = SessionDir.create(path, info)
         session = cls(directory, sched_obj, claim_period=claim_period)
         session._submit_head()
@@ -208,16 +213,13 @@ class Session:
         return SlurmRunAllocationConfig.from_dict(self.info.head)
 
     def query(self, extra: list[str] | None = None) -> dict[str, JobInfo]:
-        """Every job of the session in one scheduler call."""
-        rec = self.record()
-        ids = set(rec.workers) | set(extra or [])
-        if rec.head_job:
-            ids.add(rec.head_job)
-        return self.scheduler.query(self.job_name, sorted(ids, key=int))
+        """Every job of the session (the recorded ids and ``extra``) in one
+        scheduler call; a stray it shows is cancelled (see :mod:`.ownership`)."""
+        return self.jobs.query(self.record(), extra or ())
 
     def job_info(self, job_id: str) -> JobInfo | None:
         """One job's state, in one scheduler call (None if it was not reported)."""
-        return self.scheduler.query(self.job_name, [job_id]).get(job_id)
+        return self.jobs.listing([job_id]).get(job_id)
 
     def head_pointer(self) -> str | None:
         """The job ``ray_head`` names now: the head every agent follows."""
@@ -232,15 +234,17 @@ class Session:
 
     # ------------------------------------------------------------ head
     def _submit_head(self) -> str:
-        job_id = self.submit_head_allocation()
-        self.dir.update_allocation(lambda r: replace(r, head_job=job_id))
+        job_id = self.submit_head_allocation(lambda r, job: replace(r, head_job=job))
         self.dir.write_ray_head(job_id)
         log.info("event=head_submitted session=%s job=%s layout=%s", self.job_name, job_id,
                  "separate head" if self.info.ray_head_only else "head on the first allocation")
         return job_id
 
-    def submit_head_allocation(self) -> str:
+    def submit_head_allocation(self, record_as: RecordAs | None = None) -> str:
         """Submit an allocation shaped like the session's first head; returns its job id.
+
+        ``record_as(record, job_id)`` records the job's role (the head, a
+        successor) in the same update that retires the submission's intent.
 
         With a separate head (``ray_head_only``) that is a head-only
         allocation whose Ray node advertises no CPUs or GPUs. In the default
@@ -249,16 +253,19 @@ class Session:
         and it is recorded as a worker allocation of the session. Neither the
         record's head nor the ``ray_head`` pointer moves here.
         """
+        also = record_as or (lambda r, _job: r)
         if self.info.ray_head_only:
-            spec = submit.head_spec(self.dir, self.job_name, self.head_config(), self.launcher)
-            job_id = self.scheduler.submit(spec)
+            head = self.head_config()
+            spec = submit.head_spec(self.dir, self.job_name, head, self.launcher)
+            job_id = self.jobs.submit(spec, head, also)
         else:
             config = SlurmWorkerAllocationConfig.from_dict(self.info.head)
             spec_path = submit.write_worker_spec(self.dir, config, host_head=True)
-            job_id = self.scheduler.submit(submit.worker_spec(self.dir, self.job_name, config, self.launcher,
-                                                              spec_path))
-            self.dir.update_allocation(lambda r: r.with_worker(
-                WorkerRecord(job_id=job_id, config=config.to_dict(), submitted_at=time.time(), hosts_run_head=True)))
+            job_id = self.jobs.submit(
+                submit.worker_spec(self.dir, self.job_name, config, self.launcher, spec_path), config,
+                lambda r, job: also(r.with_worker(WorkerRecord(job_id=job, config=config.to_dict(),
+                                                               submitted_at=time.time(), hosts_run_head=True)), job),
+                spec_path)
         self.note_head_started(job_id)
         return job_id
 
@@ -295,9 +302,10 @@ class Session:
         first, head = self._parent_configs(self.record())
         resolved = inherit_worker_config(config, first, head)
         spec_path = submit.write_worker_spec(self.dir, resolved)
-        job_id = self.scheduler.submit(submit.worker_spec(self.dir, self.job_name, resolved, self.launcher, spec_path))
-        self.dir.update_allocation(lambda r: r.with_worker(
-            WorkerRecord(job_id=job_id, config=resolved.to_dict(), submitted_at=time.time())))
+        job_id = self.jobs.submit(
+            submit.worker_spec(self.dir, self.job_name, resolved, self.launcher, spec_path), resolved,
+            lambda r, job: r.with_worker(WorkerRecord(job_id=job, config=resolved.to_dict(), submitted_at=time.time())),
+            spec_path)
         log.info("event=worker_submitted session=%s job=%s partition=%s", self.job_name, job_id, resolved.partition)
         return WorkerAllocation(self, job_id)
 
@@ -429,7 +437,7 @@ class Session:
         job_id = handle.job_id if isinstance(handle, WorkerAllocation) else handle
         if job_id not in self.record().workers:
             raise ValueError(f"handle: job {job_id} is not a worker allocation of this session")
-        info = self.scheduler.query(self.job_name, [job_id]).get(job_id)
+        info = self.job_info(job_id)
         state = info.state if info else JobState.ENDED_UNKNOWN
         if state is JobState.PENDING:
             self.scheduler.cancel(job_id)
@@ -475,25 +483,22 @@ class Session:
         current = self.head
         if current is None or (head is not None and current.job_id != head.job_id):
             job = head.job_id if head else pointer
-            info = self.scheduler.query(self.job_name, [job]).get(job) if job else None
+            info = self.job_info(job) if job else None
             state = "REPLACED" if job in self.record().predecessors else (info.state.value if info else "UNKNOWN")
             raise SlurmAllocationEnded(f"no healthy head to run on (head {job}: {state})",
                                        allocation_state=state, job_id=job)
         return PayloadRun(self, current, argv, env=env, stdout=stdout, stderr=stderr)
 
     # ------------------------------------------------------------ teardown
-    def teardown(self) -> None:
-        """Cancel every job of the session (by its job name)."""
+    def teardown(self, extra: list[str] | None = None) -> tuple[str, ...]:
+        """Cancel every active job of the session; returns their ids.
+
+        By the ids the session recorded (and jobs marked by its submissions),
+        for its user only, never by job name: another session that carries
+        the same name by mistake keeps running.
+        """
         self.close()
-        try:
-            self.scheduler.cancel_by_name(self.job_name)
-        except SchedulerError as exc:
-            log.warning("event=teardown_failed session=%s error=%s", self.job_name, exc)
-            raise
-        self.dir.update_allocation(lambda r: replace(r, workers=MappingProxyType({
-            job: (w if w.state == "removed" else replace(w, state="removed")) for job, w in r.workers.items()}))
-            if any(w.state != "removed" for w in r.workers.values()) else r)
-        log.info("event=teardown session=%s", self.job_name)
+        return self.jobs.teardown(extra or ())
 
     def _log_tail(self, job_id: str | None, role: str, lines: int = 15) -> str:
         if job_id is None:

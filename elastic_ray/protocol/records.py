@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -57,7 +57,9 @@ class SessionInfo:
     ``head`` and ``worker_allocation`` are config dicts (see
     ``SlurmRunAllocationConfig.to_dict``); ``launcher`` is the launcher's
     settings; ``scheduler`` says which backend ({"kind": "slurm"} or
-    {"kind": "local", "state_dir": ...}).
+    {"kind": "local", "state_dir": ...}). ``user`` is who submits the
+    session's jobs: queries and cancels are limited to that user's jobs
+    (None in sessions created before it was recorded: the process's user).
     """
 
     session_id: str
@@ -69,9 +71,10 @@ class SessionInfo:
     worker_allocation: Mapping[str, Any] | None = None
     launcher: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     protocol_version: int = PROTOCOL_VERSION
+    user: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "protocol_version": self.protocol_version,
             "session_id": self.session_id,
             "job_name": self.job_name,
@@ -82,6 +85,9 @@ class SessionInfo:
             "worker_allocation": None if self.worker_allocation is None else dict(self.worker_allocation),
             "launcher": dict(self.launcher),
         }
+        if self.user is not None:
+            data["user"] = self.user
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SessionInfo":
@@ -100,6 +106,8 @@ class SessionInfo:
                                else MappingProxyType(dict(w))),
             launcher=MappingProxyType(dict(_get(data, "launcher", dict))),
             protocol_version=version,
+            # Added compatibly: sessions created before it have no key.
+            user=_get(data, "user", str, optional=True) or None,
         )
 
 
@@ -189,6 +197,48 @@ class ElectionClaim:
 
 
 @dataclass(frozen=True)
+class SubmissionIntent:
+    """A submission recorded *before* sbatch runs, keyed by its marker.
+
+    The marker goes to Slurm as the job's comment, so a job that was queued
+    although the submitter never learnt its id (sbatch timed out, printed
+    something else, the process died) is found by it and adopted or
+    cancelled (see ``coordinator.ownership``). ``config`` is the resolved
+    allocation config, ``spec_path`` the worker spec file if any.
+    ``failed_at``/``error``: the submitter saw sbatch fail and found no job.
+    """
+
+    marker: str
+    role: str
+    config: Mapping[str, Any]
+    created_at: float
+    spec_path: str | None = None
+    failed_at: float | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"marker": self.marker, "role": self.role, "config": dict(self.config),
+                "created_at": self.created_at, "spec_path": self.spec_path,
+                "failed_at": self.failed_at, "error": self.error}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SubmissionIntent":
+        role = _get(data, "role", str)
+        if role not in AGENT_ROLES:
+            raise ValueError(f"'role': {role!r} is not one of {', '.join(AGENT_ROLES)}")
+        failed_at = _get(data, "failed_at", (int, float), optional=True)
+        return cls(
+            marker=_get(data, "marker", str),
+            role=role,
+            config=MappingProxyType(dict(_get(data, "config", dict))),
+            created_at=float(_get(data, "created_at", (int, float))),
+            spec_path=_get(data, "spec_path", str, optional=True),
+            failed_at=None if failed_at is None else float(failed_at),
+            error=_get(data, "error", str, optional=True),
+        )
+
+
+@dataclass(frozen=True)
 class AllocationRecord:
     """allocation.json: the session's mutable record.
 
@@ -202,11 +252,29 @@ class AllocationRecord:
     predecessors: tuple[str, ...] = ()
     election: ElectionClaim | None = None
     successor: str | None = None
+    intents: Mapping[str, SubmissionIntent] = field(default_factory=lambda: MappingProxyType({}))
 
     def with_worker(self, worker: WorkerRecord) -> "AllocationRecord":
         workers = dict(self.workers)
         workers[worker.job_id] = worker
         return replace(self, workers=MappingProxyType(workers))
+
+    def with_intent(self, intent: SubmissionIntent) -> "AllocationRecord":
+        intents = dict(self.intents)
+        intents[intent.marker] = intent
+        return replace(self, intents=MappingProxyType(intents))
+
+    def without_intents(self, markers: Collection[str]) -> "AllocationRecord":
+        if not any(m in self.intents for m in markers):
+            return self
+        return replace(self, intents=MappingProxyType({m: i for m, i in self.intents.items() if m not in markers}))
+
+    @property
+    def recorded_jobs(self) -> frozenset[str]:
+        """Every job id the session recorded as its own, whatever its role."""
+        ids = set(self.workers) | set(self.predecessors)
+        ids.update(j for j in (self.head_job, self.successor) if j)
+        return frozenset(ids)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -217,7 +285,7 @@ class AllocationRecord:
             "predecessors": list(self.predecessors),
             "election": None if self.election is None else self.election.to_dict(),
             "successor": self.successor,
-        }
+        } | ({"intents": {m: i.to_dict() for m, i in sorted(self.intents.items())}} if self.intents else {})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "AllocationRecord":
@@ -239,6 +307,14 @@ class AllocationRecord:
         predecessors = _get(data, "predecessors", list)
         election = _get(data, "election", dict, optional=True)
         successor = _get(data, "successor", str, optional=True)
+        # Added compatibly: absent in records written before it (and by older writers).
+        intents_raw = _get(data, "intents", dict, optional=True) or {}
+        intents: dict[str, SubmissionIntent] = {}
+        for key, value in intents_raw.items():
+            intent = _nested(f"intents[{key!r}]", lambda v=value: SubmissionIntent.from_dict(v))
+            if intent.marker != key:
+                raise ValueError(f"intents[{key!r}] holds marker {intent.marker!r}")
+            intents[key] = intent
         return cls(
             generation=generation,
             head_job=None if head is None else check_job_id(head, "head_job"),
@@ -246,6 +322,7 @@ class AllocationRecord:
             predecessors=tuple(check_job_id(p, "predecessors[]") for p in predecessors),
             election=None if election is None else ElectionClaim.from_dict(election),
             successor=None if successor is None else check_job_id(successor, "successor"),
+            intents=MappingProxyType(intents),
         )
 
 

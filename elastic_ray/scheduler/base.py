@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import enum
 import math
+import os
+import pwd
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -77,6 +79,24 @@ class JobInfo:
     start_time: float | None = None
     end_time: float | None = None
     time_left: float | None = None
+    #: the submitting user, and the submission marker (Slurm's job comment);
+    #: empty where the scheduler did not say
+    user: str = ""
+    comment: str = ""
+
+
+def current_user() -> str:
+    """The name of the user this process acts as (its effective uid).
+
+    Taken from the password database, not from ``$USER`` or ``$LOGNAME``,
+    which any caller can set; a uid without an entry is named by its number,
+    which squeue and scancel accept as well.
+    """
+    uid = os.geteuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 @dataclass(frozen=True)
@@ -93,6 +113,10 @@ class JobSpec:
     ``pre_start_commands`` are shell lines run before the node command (on
     Slurm in the batch script, so what they export reaches every node's step).
     They are the one place where user text is shell on purpose.
+
+    ``comment`` is the submission's unique marker (Slurm's ``--comment``):
+    a job that was queued although its submission was never recorded (sbatch
+    timed out, its answer was unreadable) is found by it.
     """
 
     job_name: str
@@ -103,6 +127,7 @@ class JobSpec:
     output: str  # path of the job's log; "%j" is replaced by the job id
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     pre_start_commands: tuple[str, ...] = ()
+    comment: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ("head", "worker"):
@@ -125,16 +150,21 @@ class Scheduler(ABC):
 
     #: "slurm" or "local"
     kind: str = ""
+    #: The user whose jobs :meth:`query` lists and the cancels act on when a
+    #: caller names none. Another user's job of the same name is never ours.
+    user: str = ""
 
     @abstractmethod
     def submit(self, spec: JobSpec) -> str:
         """Submit and return the job id. Returns on submission, not on start."""
 
     @abstractmethod
-    def query(self, job_name: str, job_ids: Iterable[str] = ()) -> dict[str, JobInfo]:
-        """Every job named ``job_name`` in one call, keyed by job id.
+    def query(self, job_name: str, job_ids: Iterable[str] = (), *, user: str | None = None) -> dict[str, JobInfo]:
+        """Every job named ``job_name`` of ``user`` (default :attr:`user`) in
+        one call, keyed by job id.
 
-        Ids in ``job_ids`` that the scheduler no longer lists are resolved
+        A job of another user is never listed, whatever its name. Ids in
+        ``job_ids`` that the scheduler no longer lists are resolved
         through whatever history the scheduler keeps and are reported as
         ``ENDED_UNKNOWN`` if nothing answers; they are never left out and
         never raise.
@@ -144,9 +174,19 @@ class Scheduler(ABC):
     def cancel(self, job_id: str) -> None:
         """Cancel one job (pending or running). Cancelling an ended job is not an error."""
 
+    def cancel_jobs(self, job_ids: Iterable[str], *, user: str | None = None) -> None:
+        """Cancel these jobs if they belong to ``user`` (default :attr:`user`);
+        ended or unknown ids are not an error. Slurm does it in one scancel."""
+        for job_id in job_ids:
+            self.cancel(job_id)
+
     @abstractmethod
-    def cancel_by_name(self, job_name: str) -> None:
-        """Cancel every job of that name."""
+    def cancel_by_name(self, job_name: str, *, user: str | None = None) -> None:
+        """Cancel every job of that name that belongs to ``user`` (default :attr:`user`).
+
+        Not for sessions: two sessions may carry the same name by mistake, so
+        a session cancels the job ids it recorded (:meth:`cancel_jobs`).
+        """
 
     @abstractmethod
     def signal(self, job_id: str, signal_name: str, *, batch: bool = False) -> None:

@@ -158,6 +158,10 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
         lines.append(f"#SBATCH --{option}={_check_directive_value(field or option, str(value))}")
     for index, directive in enumerate(config.extra_sbatch_directives):
         lines.append(f"#SBATCH {_check_directive_value(f'extra_sbatch_directives[{index}]', directive)}")
+    if spec.comment:
+        # Last, so that it wins over a --comment among the extra directives:
+        # the marker is how an unrecorded submission is found again.
+        lines.append(f"#SBATCH --comment={_check_directive_value('comment', spec.comment)}")
     return lines
 
 

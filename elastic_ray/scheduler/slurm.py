@@ -29,12 +29,11 @@ from pathlib import Path
 
 from ..config.slurm_values import check_job_id, check_job_name
 from ..errors import SchedulerError
-from .base import JobInfo, JobSpec, Scheduler
+from .base import JobInfo, JobSpec, Scheduler, current_user
 from .render import render_batch_script
 from .slurm_parse import (
     ACCOUNTING_DISABLED,
     SACCT_FIELDS,
-    SQUEUE_FORMAT,
     child_env,
     ended_unknown,
     normalise_signal,
@@ -43,7 +42,11 @@ from .slurm_parse import (
     parse_scontrol_job,
     parse_squeue_output,
     parse_test_only,
+    only_gone_errors,
+    scancel_ids_argv,
+    scancel_name_argv,
     script_name_prefix,
+    squeue_argv,
 )
 
 log = logging.getLogger(__name__)
@@ -58,6 +61,8 @@ class SlurmScheduler(Scheduler):
     second cluster); by default the commands find their config as usual.
     ``calls`` counts the commands run, by name (``calls["squeue"]``), so
     tests and benchmarks can check what a poll costs the controller.
+    ``user`` is whose jobs queries list and cancels touch (default: this
+    process's user, who is also the one sbatch submits as).
     """
 
     kind = "slurm"
@@ -67,8 +72,13 @@ class SlurmScheduler(Scheduler):
     #: must not turn each poll into hundreds of controller requests.
     MAX_SCONTROL_LOOKUPS = 10
 
-    def __init__(self, slurm_conf: str | os.PathLike[str] | None = None, *, timeout: float = 60.0):
+    #: Ids per scancel call: one command line stays far below ARG_MAX.
+    CANCEL_CHUNK = 500
+
+    def __init__(self, slurm_conf: str | os.PathLike[str] | None = None, *, timeout: float = 60.0,
+                 user: str | None = None):
         self.slurm_conf = None if slurm_conf is None else os.fspath(slurm_conf)
+        self.user = user or current_user()
         self.timeout = timeout
         self.calls: collections.Counter[str] = collections.Counter()
         # None: not known yet; False once sacct said accounting is disabled.
@@ -121,7 +131,7 @@ class SlurmScheduler(Scheduler):
             job_id = parse_sbatch_parsable(proc.stdout)
         except ValueError as exc:
             raise SchedulerError(f"sbatch accepted {path} but its answer is not a job id ({exc}); "
-                                 f"check `squeue --name={spec.job_name}`",
+                                 f"the job, if queued, carries the comment {spec.comment or '(none)'}",
                                  argv=("sbatch", "--parsable", path), returncode=0,
                                  stderr=proc.stderr) from None
         log.info("event=submitted job_id=%s job_name=%s role=%s script=%s", job_id, spec.job_name,
@@ -144,8 +154,8 @@ class SlurmScheduler(Scheduler):
 
     # -- observe ------------------------------------------------------------
 
-    def query(self, job_name: str, job_ids: Iterable[str] = ()) -> dict[str, JobInfo]:
-        """Every job named ``job_name``: ONE squeue call in the normal case.
+    def query(self, job_name: str, job_ids: Iterable[str] = (), *, user: str | None = None) -> dict[str, JobInfo]:
+        """Every job named ``job_name`` of ``user``: ONE squeue call in the normal case.
 
         Ids in ``job_ids`` that squeue no longer lists (purged after
         MinJobAge) cost extra calls, once each, through
@@ -153,7 +163,7 @@ class SlurmScheduler(Scheduler):
         """
         check_job_name(job_name)
         wanted = [check_job_id(job_id) for job_id in job_ids]
-        argv = ["squeue", f"--name={job_name}", "--states=all", "--noheader", f"--format={SQUEUE_FORMAT}"]
+        argv = squeue_argv(job_name, user or self.user)
         proc = self._call(argv)
         try:
             jobs = parse_squeue_output(proc.stdout)
@@ -238,10 +248,27 @@ class SlurmScheduler(Scheduler):
             return
         log.info("event=cancelled job_id=%s", job_id)
 
-    def cancel_by_name(self, job_name: str) -> None:
+    def cancel_jobs(self, job_ids: Iterable[str], *, user: str | None = None) -> None:
+        """One scancel per :attr:`CANCEL_CHUNK` ids, filtered by ``user``.
+
+        scancel reports an ended or purged id as an error line and exits 1
+        after cancelling the rest; only other errors raise.
+        """
+        ids = list(dict.fromkeys(check_job_id(job_id) for job_id in job_ids))
+        for start in range(0, len(ids), self.CANCEL_CHUNK):
+            chunk = ids[start:start + self.CANCEL_CHUNK]
+            try:
+                self._call(scancel_ids_argv(chunk, user or self.user))
+            except SchedulerError as exc:
+                if not only_gone_errors(exc.stderr, self._ALREADY_GONE):
+                    raise
+                log.info("event=cancel_partly_noop job_ids=%s reason=%r", ",".join(chunk), exc.stderr.strip())
+            log.info("event=cancelled job_ids=%s user=%s", ",".join(chunk), user or self.user)
+
+    def cancel_by_name(self, job_name: str, *, user: str | None = None) -> None:
         check_job_name(job_name)
-        self._call(["scancel", f"--name={job_name}"])
-        log.info("event=cancelled_by_name job_name=%s", job_name)
+        self._call(scancel_name_argv(job_name, user or self.user))
+        log.info("event=cancelled_by_name job_name=%s user=%s", job_name, user or self.user)
 
     def signal(self, job_id: str, signal_name: str, *, batch: bool = False) -> None:
         job_id = check_job_id(job_id)

@@ -29,6 +29,9 @@ log = logging.getLogger("elastic_ray.scheduler.slurm")
 # character that no job id, state, partition, host list or timestamp can
 # contain. The reason comes last and the line is split at most
 # len(fields) - 1 times, so even a free-text reason cannot shift the fields.
+# The comment (free text too, but ours: the submission marker) comes just
+# before it, so a separator inside a comment could only move text between
+# comment and reason, never into the fields the coordinator decides on.
 
 FIELD_SEP = "\x1f"
 SQUEUE_FIELDS = (
@@ -41,6 +44,8 @@ SQUEUE_FIELDS = (
     ("start_time", "%S"),  # a prediction while pending
     ("end_time", "%e"),    # the expected end while running
     ("time_left", "%L"),
+    ("user", "%u"),        # the owner's user name
+    ("comment", "%k"),     # the submission marker (sbatch --comment)
     ("reason", "%r"),      # last: see above
 )
 SQUEUE_FORMAT = FIELD_SEP.join(code for _, code in SQUEUE_FIELDS)
@@ -156,7 +161,13 @@ def parse_squeue_line(line: str) -> JobInfo:
     except ValueError as exc:
         raise ValueError(f"{exc} (job {job_id}, squeue line {line!r})") from None
     return JobInfo(job_id=job_id, name=raw["name"], state=state, raw_state=raw_state,
-                   reason=raw["reason"].strip(), partition=raw["partition"].strip(), nodes=nodes, **times)
+                   reason=raw["reason"].strip(), partition=raw["partition"].strip(), nodes=nodes,
+                   user=raw["user"].strip(), comment=_no_null(raw["comment"].strip()), **times)
+
+
+def _no_null(text: str) -> str:
+    """squeue and scontrol print an unset comment as ``(null)``."""
+    return "" if text == "(null)" else text
 
 
 def parse_squeue_output(stdout: str) -> dict[str, JobInfo]:
@@ -209,7 +220,9 @@ def parse_scontrol_job(stdout: str, job_id: str, now: float) -> JobInfo:
                         parse_slurm_timestamp(fields.get("StartTime", "")), end, time_left)
         return JobInfo(job_id=job_id, name=fields.get("JobName", ""), state=state, raw_state=raw_state,
                        reason=fields.get("Reason", ""), partition=fields.get("Partition", ""),
-                       nodes=expand_hostlist(fields.get("NodeList", "")), **times)
+                       nodes=expand_hostlist(fields.get("NodeList", "")),
+                       user=fields.get("UserId", "").split("(", 1)[0],
+                       comment=_no_null(fields.get("Comment", "")), **times)
     raise ValueError(f"job {job_id} not in scontrol output {stdout[:200]!r}")
 
 
@@ -263,6 +276,49 @@ def parse_test_only(stderr: str) -> float:
     if start is None:
         raise ValueError(f"sbatch --test-only named no start time: {match.group(0)!r}")
     return start
+
+
+# --------------------------------------------------------------------------
+# The argv of the commands that select jobs: pure, so the user filter is
+# tested without Slurm.
+
+def squeue_argv(job_name: str, user: str) -> list[str]:
+    """The one squeue call per poll: the jobs of that name *and* that user.
+
+    Without ``--user`` a same-named job of another user would be reported as
+    ours (and, by name, cancelled or waited for).
+    """
+    return ["squeue", f"--name={job_name}", f"--user={check_user(user)}", "--states=all", "--noheader",
+            f"--format={SQUEUE_FORMAT}"]
+
+
+def scancel_ids_argv(job_ids: Iterable[str], user: str) -> list[str]:
+    """Cancel listed jobs in one call, only those of ``user``: with a filter
+    scancel loads the job list and skips a listed job that does not match."""
+    return ["scancel", f"--user={check_user(user)}", *job_ids]
+
+
+def scancel_name_argv(job_name: str, user: str) -> list[str]:
+    return ["scancel", f"--name={job_name}", f"--user={check_user(user)}"]
+
+
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@\-]{0,63}\$?")
+
+
+def check_user(user: object) -> str:
+    """A user name (or uid) as squeue and scancel take it; never an option."""
+    if not isinstance(user, str) or not _USER.fullmatch(user):
+        raise ValueError(f"user={user!r}: not a user name (letters, digits, '_', '.', '@', '-'; "
+                         "not starting with '-' or '.')")
+    return user
+
+
+def only_gone_errors(stderr: str, gone: Iterable[str]) -> bool:
+    """True when every error line of a multi-id scancel says the job has
+    already ended or is unknown (scancel then exits 1 but did the rest)."""
+    texts = tuple(gone)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    return bool(lines) and all(any(text in line for text in texts) for line in lines)
 
 
 def ended_unknown(job_id: str, job_name: str) -> JobInfo:

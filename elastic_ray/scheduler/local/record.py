@@ -98,6 +98,10 @@ class JobRecord:
     cancel_requested: bool = False
     warning_sent_at: float | None = None
     teardown_since: float | None = None
+    # Who submitted it and the submission's marker (Slurm's --comment).
+    # Optional keys: records written before them read as "" (any user).
+    user: str = ""
+    comment: str = ""
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -137,6 +141,8 @@ class JobRecord:
             "cancel_requested": self.cancel_requested,
             "warning_sent_at": self.warning_sent_at,
             "teardown_since": self.teardown_since,
+            "user": self.user,
+            "comment": self.comment,
         }
 
     @classmethod
@@ -188,6 +194,8 @@ class JobRecord:
             cancel_requested=_req(data, "cancel_requested", bool),
             warning_sent_at=_opt_float(data, "warning_sent_at"),
             teardown_since=_opt_float(data, "teardown_since"),
+            user=_opt(data, "user", str) or "",
+            comment=_opt(data, "comment", str) or "",
         )
 
 
@@ -383,6 +391,8 @@ def job_info(record: JobRecord, now: float) -> JobInfo:
         start_time=record.start_time,
         end_time=record.end_time,
         time_left=time_left(record, now),
+        user=record.user,
+        comment=record.comment,
     )
 
 

@@ -26,6 +26,10 @@ Where it differs from Slurm, on purpose or by simplification:
   group): there is no batch shell; the first node's process stands in for it.
 - Job records are kept until the state directory is removed (no MinJobAge).
 - The state directory must be used from one host (pids are checked locally).
+- Users are emulated: a job records the ``user`` of the scheduler that
+  submitted it (default: this process's user), and queries and cancels act
+  only on jobs of their user, as squeue and scancel with ``--user`` do. A
+  test stands in for a second user with ``LocalScheduler(..., user="other")``.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from pathlib import Path
 from ...errors import CorruptFileError, SchedulerError
 from ...config.slurm_values import parse_signal
 from . import procs
-from ..base import JobInfo, JobSpec, JobState, Scheduler
+from ..base import JobInfo, JobSpec, JobState, Scheduler, current_user
 from .cluster import (
     LocalCluster,
     LocalNode,
@@ -94,8 +98,10 @@ class LocalScheduler(Scheduler):
 
     kind = "local"
 
-    def __init__(self, state_dir: str | os.PathLike[str], cluster: LocalCluster | None = None):
+    def __init__(self, state_dir: str | os.PathLike[str], cluster: LocalCluster | None = None, *,
+                 user: str | None = None):
         self.store = LocalStore(state_dir, cluster)
+        self.user = user or current_user()
         self.calls: collections.Counter[str] = collections.Counter()
         self._reported_damage: set[tuple[str, str]] = set()
 
@@ -131,7 +137,7 @@ class LocalScheduler(Scheduler):
                 time_limit=alloc.time_limit_seconds(),
                 warning_signal=warning.name if warning else None,
                 warning_seconds=warning.seconds if warning else None,
-                reason="None",
+                reason="None", user=self.user, comment=spec.comment,
             )
             try:
                 self.store.write(record)
@@ -191,14 +197,17 @@ class LocalScheduler(Scheduler):
                                  argv=tuple(argv))
 
     # ------------------------------------------------------------ query
-    def query(self, job_name: str, job_ids: Iterable[str] = ()) -> dict[str, JobInfo]:
+    def query(self, job_name: str, job_ids: Iterable[str] = (), *, user: str | None = None) -> dict[str, JobInfo]:
         self.calls["query"] += 1
         wanted = [str(j) for j in job_ids]
+        owner = user or self.user
         now = time.time()
         records, damaged = self.store.scan()
         records = self.store.reap_lost(records, now)
+        # By name only the user's own jobs (squeue --name --user); an id asked
+        # for by number is answered whoever owns it, like scontrol does.
         out = {job_id: job_info(r, now) for job_id, r in records.items()
-               if r.name == job_name or job_id in wanted}
+               if (r.name == job_name and _owned(r, owner)) or job_id in wanted}
         for job_id in wanted:
             if job_id in out:
                 continue
@@ -218,11 +227,25 @@ class LocalScheduler(Scheduler):
         self.calls["cancel"] += 1
         self._cancel(str(job_id))
 
-    def cancel_by_name(self, job_name: str) -> None:
+    def cancel_jobs(self, job_ids: Iterable[str], *, user: str | None = None) -> None:
+        """Like ``scancel --user=U ID...``: a listed job of another user is skipped."""
+        self.calls["cancel_jobs"] += 1
+        owner = user or self.user
+        records, _ = self.store.scan()
+        for job_id in dict.fromkeys(str(j) for j in job_ids):
+            record = records.get(job_id)
+            if record is not None and not _owned(record, owner):
+                self.store.log("job.cancel_skipped", job=job_id, name=record.name, node="-",
+                               reason=f"owned by {record.user}, not {owner}")
+                continue
+            self._cancel(job_id)
+
+    def cancel_by_name(self, job_name: str, *, user: str | None = None) -> None:
         self.calls["cancel_by_name"] += 1
+        owner = user or self.user
         records, _ = self.store.scan()
         for record in records.values():
-            if record.name == job_name and record.state.is_active:
+            if record.name == job_name and _owned(record, owner) and record.state.is_active:
                 self._cancel(record.job_id)
 
     def _cancel(self, job_id: str) -> None:
@@ -309,6 +332,11 @@ class LocalScheduler(Scheduler):
             running.append((end, record.holdings))
         start = predict_start(request, self.cluster, running, now)
         return start if math.isinf(start) else max(now, start)
+
+
+def _owned(record: JobRecord, user: str) -> bool:
+    """A record from before users were recorded (no user) counts as anyone's."""
+    return not record.user or record.user == user
 
 
 def _read_line(fd: int, timeout: float) -> str:

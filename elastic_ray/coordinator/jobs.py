@@ -1,0 +1,155 @@
+"""A session's Slurm jobs: the effects around :mod:`.ownership`'s decisions.
+
+Three things go through here and nowhere else in the coordinator:
+
+* the one scheduler query per poll, by the session's job name and for its
+  submitting user only, cut down to the ids the session recorded;
+* every submission: an intent (with its config and a unique marker) is
+  written to allocation.json before the scheduler is asked, and the job id
+  replaces it in one update afterwards; a failed submit is looked up by its
+  marker and adopted if the job was queued anyway;
+* the cancels: teardown by recorded ids (never by name), and strays (jobs
+  marked by this session that nobody recorded) wherever a poll sees them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from ..errors import ConfigError, SchedulerError
+from ..protocol.records import AllocationRecord, SessionInfo, SubmissionIntent
+from ..protocol.session_dir import SessionDir
+from ..scheduler.base import JobInfo, JobSpec, Scheduler, current_user
+from . import ownership
+
+log = logging.getLogger("elastic_ray.coordinator")
+
+RecordAs = Callable[[AllocationRecord, str], AllocationRecord]
+
+
+class SessionJobs:
+    """Query, submit and cancel the jobs of one session (one per Session object)."""
+
+    def __init__(self, directory: SessionDir, scheduler: Scheduler, info: SessionInfo):
+        self.dir = directory
+        self.scheduler = scheduler
+        self.info = info
+        # Strays this process already cancelled: a cancelled job stays
+        # active (COMPLETING) for a while, and one scancel is enough.
+        self._cancelled: set[str] = set()
+
+    @property
+    def user(self) -> str:
+        """Whose jobs the session's are: the user recorded at creation, else
+        this process's (sessions created before the user was recorded)."""
+        return self.info.user or getattr(self.scheduler, "user", "") or current_user()
+
+    # ------------------------------------------------------------ observe
+    def listing(self, ids: Iterable[str]) -> dict[str, JobInfo]:
+        """ONE scheduler query: the session's name, its user, plus ``ids``."""
+        return self.scheduler.query(self.info.job_name, sorted(set(ids), key=int), user=self.user)
+
+    def query(self, rec: AllocationRecord, extra: Iterable[str] = ()) -> dict[str, JobInfo]:
+        """The session's jobs (one query), after settling any stray it shows."""
+        extra = set(extra)
+        ids = set(rec.workers) | extra | ({rec.head_job} if rec.head_job else set())
+        listed = self.listing(ids)
+        self.settle(rec, listed)
+        return ownership.session_jobs(listed, rec.recorded_jobs | extra)
+
+    def settle(self, rec: AllocationRecord, listed: dict[str, JobInfo]) -> ownership.Reconciliation:
+        """Cancel strays and forget settled intents (no effect when there are none)."""
+        # The periods are read here, not bound at import, so a test can shorten them.
+        decision = ownership.reconcile(rec, listed, self.info.session_id, time.time(),
+                                       in_flight=ownership.IN_FLIGHT, watch=ownership.WATCH)
+        why = decision.why or {}
+        cancel = [job for job in decision.cancel if job not in self._cancelled]
+        if cancel:
+            for job in cancel:
+                log.warning("event=stray_job_cancelled session=%s job=%s comment=%s why=%r", self.info.job_name,
+                            job, listed[job].comment, why.get(job, ""))
+            try:
+                self.scheduler.cancel_jobs(cancel, user=self.user)
+                self._cancelled.update(cancel)
+            except SchedulerError as exc:
+                log.warning("event=stray_cancel_failed session=%s jobs=%s error=%s", self.info.job_name,
+                            ",".join(cancel), exc)
+        if decision.drop:
+            for marker in decision.drop:
+                log.info("event=intent_settled session=%s marker=%s why=%r", self.info.job_name, marker,
+                         why.get(marker, ""))
+            self.dir.update_allocation(lambda r: r.without_intents(decision.drop))
+        return decision
+
+    # ------------------------------------------------------------ submit
+    def submit(self, spec: JobSpec, config: Any, record_as: RecordAs, spec_path: Path | None = None) -> str:
+        """Submit ``spec`` with a recorded intent; ``record_as(record, job_id)``
+        records the job in the same update that retires the intent, so no
+        process ever sees the job both unrecorded and without its intent."""
+        marker = ownership.make_marker(self.info.session_id, uuid.uuid4().hex[:12])
+        intent = SubmissionIntent(marker=marker, role=spec.role, config=config.to_dict(), created_at=time.time(),
+                                  spec_path=None if spec_path is None else str(spec_path))
+        self.dir.update_allocation(lambda r: r.with_intent(intent))
+        try:
+            job_id = self.scheduler.submit(replace(spec, comment=marker))
+        except SchedulerError as exc:
+            job_id = self._recover(marker, exc)
+        except (ConfigError, ValueError):
+            # Refused before anything reached the scheduler: nothing to find.
+            self.dir.update_allocation(lambda r: r.without_intents({marker}))
+            raise
+        self.dir.update_allocation(lambda r: record_as(r.without_intents({marker}), job_id))
+        return job_id
+
+    def _recover(self, marker: str, error: SchedulerError) -> str:
+        """sbatch failed: adopt the job if it was queued anyway, else record
+        the failure (a job that shows up later is then cancelled) and raise."""
+        try:
+            listed = self.listing(())
+        except SchedulerError as exc:
+            log.warning("event=submission_lookup_failed session=%s marker=%s error=%s", self.info.job_name,
+                        marker, exc)
+            listed = {}
+        adopt, extra = ownership.adopt_after_failure(marker, listed)
+        if extra:
+            self.scheduler.cancel_jobs(extra, user=self.user)
+        if adopt is None:
+            now = time.time()
+            self.dir.update_allocation(lambda r: r.with_intent(replace(
+                r.intents[marker], failed_at=now, error=str(error)[:500])) if marker in r.intents else r)
+            raise error
+        log.warning("event=submission_adopted session=%s job=%s marker=%s error=%r", self.info.job_name, adopt,
+                    marker, str(error)[:200])
+        return adopt
+
+    # ------------------------------------------------------------ teardown
+    def teardown(self, extra: Iterable[str] = ()) -> tuple[str, ...]:
+        """Cancel every active job the session recorded or marked; returns their ids.
+
+        By id and for the session's user only: a same-named job of another
+        session, or of another user, is left alone.
+        """
+        rec = self.dir.read_allocation()
+        listed = self.listing(rec.recorded_jobs | set(extra))
+        targets = ownership.teardown_targets(rec, listed, self.info.session_id)
+        if targets:
+            try:
+                self.scheduler.cancel_jobs(targets, user=self.user)
+            except SchedulerError as exc:
+                log.warning("event=teardown_failed session=%s error=%s", self.info.job_name, exc)
+                raise
+        self.dir.update_allocation(lambda r: replace(r, workers=MappingProxyType({
+            job: (w if w.state == "removed" else replace(w, state="removed")) for job, w in r.workers.items()}))
+            if any(w.state != "removed" for w in r.workers.values()) else r)
+        log.info("event=teardown session=%s cancelled=%s", self.info.job_name, ",".join(targets) or "-")
+        return targets
+
+
+__all__ = ["RecordAs", "SessionJobs"]
