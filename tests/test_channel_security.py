@@ -258,6 +258,15 @@ EXHAUST = textwrap.dedent("""
     follower.subscribe(None)
     follower.watch.endpoint = None
     del logs[:]
+    # libzmq's reaper frees the descriptors of closed sockets in the
+    # background: let it finish, so that nothing frees one behind our back.
+    settled = None
+    for _ in range(100):
+        count = len(os.listdir("/proc/self/fd"))
+        if count == settled:
+            break
+        settled = count
+        time.sleep(0.1)
     resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16,
                                                 resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     hoard = []
