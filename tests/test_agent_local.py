@@ -27,7 +27,9 @@ from elastic_ray.coordinator import submit
 from elastic_ray.coordinator.session import Session
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.protocol.channel import ControlClient
-from elastic_ray.protocol.frames import MAX_FRAME_BYTES, REQUEST_KINDS, seal, sign
+from elastic_ray.protocol import curve
+from elastic_ray.protocol.frames import REQUEST_KINDS, seal, sign
+from elastic_ray.protocol.sockets import WIRE_PART_LIMIT
 
 from tests.helpers import stays, wait_until
 
@@ -143,12 +145,15 @@ def processes_naming(fragment: str) -> list[psutil.Process]:
 # ---------------------------------------------------------------- 7. garbage on the control socket
 
 FUZZ_FRAMES = 10_000
+CURVE_FRAMING = 33   # bytes libzmq adds to a part under CURVE and counts against MAXMSGSIZE
 
 
 def hostile_frames(rng: random.Random, secret: bytes, sid: str, endpoint: str, captured: list[list[bytes]]):
     """Yield (parts, delivered): 10,000 random or mutated frames; ``delivered``
-    is False for those libzmq itself drops (a part above its 64 KiB limit).
+    is False for those libzmq itself drops (a part above its MAXMSGSIZE).
 
+    They are sent with the session's CURVE key (an insider, or a bug): a
+    stranger does not get past the handshake (tests/test_agent_attacks.py).
     Unlike tests/test_channel.py's generator these are sealed with the RUN's
     own secret where they are meant to be authentic-but-wrong, so they reach
     every check behind the MAC: a broken envelope, a wrong version, session or
@@ -184,10 +189,10 @@ def hostile_frames(rng: random.Random, secret: bytes, sid: str, endpoint: str, c
         category = rng.choice(categories)
         if category == "random":
             size = rng.randrange(0, 100 * 1024)
-            yield [rng.randbytes(size)], size <= MAX_FRAME_BYTES
+            yield [rng.randbytes(size)], size + CURVE_FRAMING <= WIRE_PART_LIMIT
         elif category == "random2":
             a, b = rng.randrange(0, 100 * 1024), rng.randrange(0, 64)
-            yield [rng.randbytes(a), rng.randbytes(b)], a <= MAX_FRAME_BYTES
+            yield [rng.randbytes(a), rng.randbytes(b)], a + CURVE_FRAMING <= WIRE_PART_LIMIT
         elif category == "bitflip":
             kind = rng.choice(["drain", "shutdown", "host_head", "status"])
             parts = valid(kind, body_for(kind, "x" * rng.randrange(0, 200)))
@@ -240,6 +245,7 @@ def test_ten_thousand_hostile_frames_change_nothing_and_the_agent_still_answers(
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDTIMEO, 10_000)
+        curve.make_client(sock, secret)   # an insider's key: the frames must reach the checks behind it
         sock.connect(endpoint)
         socks.append(sock)
         return sock

@@ -24,7 +24,9 @@ from elastic_ray.protocol.channel import (
     HeartbeatPublisher,
     HeartbeatSubscriber,
 )
+from elastic_ray.protocol import curve
 from elastic_ray.protocol.frames import MAX_FRAME_BYTES, REQUEST_KINDS, seal, sign
+from elastic_ray.protocol.sockets import WIRE_PART_LIMIT
 from tests.helpers import wait_until
 
 SECRET = bytes(range(32))
@@ -185,9 +187,10 @@ def test_timeout_is_also_a_timeout_error():
 class FakeAgent:
     """A raw ROUTER that answers each request with ``make_reply(request_parts)``."""
 
-    def __init__(self, ctx, make_reply):
+    def __init__(self, ctx, make_reply, key=SECRET):
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        curve.make_server(self.sock, key)   # the session's CURVE key; ``make_reply`` decides the seal
         self.sock.bind(f"tcp://{HOST}:*")
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.make_reply = make_reply
@@ -250,10 +253,37 @@ def test_replayed_reply_refused(ctx):
 
 
 def test_request_from_wrong_secret_gets_no_answer(served, ctx):
+    """Another secret means other CURVE keys: refused at the handshake, so the
+    request never reaches the server's frame checks (nothing counted)."""
     client = ControlClient(served.server.endpoint, WRONG_SECRET, SID, context=ctx)
     with pytest.raises(ControlTimeout):
         client.request("status", {}, timeout=0.3)
-    assert served.calls == [] and served.server.rejected == {"bad_tag": 1}
+    assert served.calls == [] and served.server.rejected == {} and served.server.accepted == 0
+
+
+def test_right_curve_key_but_wrong_hmac_secret_is_refused_by_the_tag(served, ctx):
+    """The per-message HMAC is a second, independent check behind CURVE."""
+    dealer = raw_dealer(ctx, served.server.endpoint)
+    try:
+        dealer.send_multipart(seal(WRONG_SECRET, SID, "shutdown", {}, to=served.server.endpoint))
+        wait_until(lambda: served.server.rejected["bad_tag"] == 1, 5, 0.01, "the bad_tag rejection")
+        assert served.calls == [] and dealer.poll(100) == 0
+    finally:
+        dealer.close()
+
+
+def test_an_impostor_on_the_agents_port_gets_no_request_through(ctx):
+    """A server without the session's keys (another session's agent reusing
+    the port, or a squatter) cannot complete the handshake: the client
+    times out and never reads a byte from it."""
+    agent = FakeAgent(ctx, genuine, key=WRONG_SECRET)
+    try:
+        client = ControlClient(agent.endpoint, SECRET, SID, context=ctx)
+        with pytest.raises(ControlTimeout):
+            client.request("status", {}, timeout=0.5)
+        assert agent.last_reply is None
+    finally:
+        agent.close()
 
 
 def test_request_addressed_to_another_agent_refused(served, ctx):
@@ -265,9 +295,12 @@ def test_request_addressed_to_another_agent_refused(served, ctx):
     assert served.calls == [] and served.server.rejected == {"destination": 1}
 
 
-def raw_dealer(ctx, endpoint: str) -> zmq.Socket:
+def raw_dealer(ctx, endpoint: str, key: bytes = SECRET) -> zmq.Socket:
+    """A hostile peer that holds the session's CURVE keys (an insider, or a bug):
+    what it sends reaches the frame checks."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    curve.make_client(sock, key)
     sock.setsockopt(zmq.SNDTIMEO, 5000)
     sock.connect(endpoint)
     return sock
@@ -320,6 +353,11 @@ def test_explicit_port(ctx):
 # ---------------------------------------------------------------- fuzz
 
 FUZZ_FRAMES = 10_000
+CURVE_FRAMING = 33   # bytes libzmq adds to a part under CURVE and counts against MAXMSGSIZE
+
+
+def reaches_server(part: bytes) -> bool:
+    return len(part) + CURVE_FRAMING <= WIRE_PART_LIMIT
 
 
 def fuzz_cases(rng: random.Random, endpoint: str, captured: list[list[bytes]]):
@@ -357,11 +395,11 @@ def fuzz_cases(rng: random.Random, endpoint: str, captured: list[list[bytes]]):
     for _ in range(FUZZ_FRAMES):
         category = rng.choice(categories)
         if category == "random":
-            size = rng.randrange(0, 100 * 1024)
-            yield [rng.randbytes(size)], ("parts" if size <= MAX_FRAME_BYTES else None)
+            part = rng.randbytes(rng.randrange(0, 100 * 1024))
+            yield [part], ("parts" if reaches_server(part) else None)
         elif category == "random2":
             a, b = rng.randrange(0, 100 * 1024), rng.randrange(0, 64)
-            if a > MAX_FRAME_BYTES:
+            if not reaches_server(bytes(a)):
                 yield [rng.randbytes(a), rng.randbytes(b)], None
             else:
                 yield [rng.randbytes(a), rng.randbytes(b)], ("oversized" if a + b > MAX_FRAME_BYTES else "bad_tag")
@@ -485,6 +523,7 @@ class RawPublisher:
     def __init__(self, ctx):
         self.sock = ctx.socket(zmq.PUB)
         self.sock.setsockopt(zmq.LINGER, 0)
+        curve.make_server(self.sock, SECRET)
         self.sock.bind(f"tcp://{HOST}:*")
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.seq = 0

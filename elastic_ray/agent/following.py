@@ -41,6 +41,7 @@ class HeadFollower:
         self.watch = HeadWatch()
         self.subscriber: HeartbeatSubscriber | None = None
         self._missing_logged = False
+        self._subscribe_failures = 0
 
     def seen(self, now: float) -> HeadSeen:
         return self.watch.seen(now, self.lost_after)
@@ -68,15 +69,41 @@ class HeadFollower:
         if own_head_live_at_once(hosting, watch.job, heard=watch.last_beat is not None):
             watch.last_beat, watch.beat_ok = now, True
         if watch.job is not None and watch.endpoint is None:
+            self._find_head(watch)
+
+    def _find_head(self, watch: HeadWatch) -> None:
+        """Read the head's endpoint and subscribe to its heartbeat.
+
+        Out of descriptors (EMFILE: e.g. a peer holding hundreds of idle
+        connections to this agent) neither the read nor the socket can be
+        made: that is logged once per streak and tried again at the next
+        pointer read, while the node stays as it is. It must never end the
+        agent's loop, which would stop its Ray node.
+        """
+        try:
             endpoint = self.session.read_head_endpoint(watch.job)
-            if endpoint is not None and "heartbeat" in endpoint.ports:
-                watch.endpoint = endpoint
-                host = endpoint.address.rpartition(":")[0]
-                self.subscribe(HeartbeatSubscriber(f"tcp://{host}:{endpoint.ports['heartbeat']}", self.secret,
-                                                   self.session_id, context=self.zctx))
-                if "control" in endpoint.ports:
-                    threading.Thread(target=self._ask_head, args=(watch, f"tcp://{host}:{endpoint.ports['control']}"),
-                                     name="agent-ask-head", daemon=True).start()
+            if endpoint is None or "heartbeat" not in endpoint.ports:
+                return
+            host = endpoint.address.rpartition(":")[0]
+            subscriber = HeartbeatSubscriber(f"tcp://{host}:{endpoint.ports['heartbeat']}", self.secret,
+                                             self.session_id, context=self.zctx)
+        except (zmq.ZMQError, OSError) as exc:
+            self._subscribe_failures += 1
+            if self._subscribe_failures == 1:
+                self._log("head_subscribe_failed", head_job=watch.job, error=str(exc)[:200],
+                          action="retrying at each pointer read")
+            return
+        if self._subscribe_failures:
+            self._log("head_subscribed", head_job=watch.job, failed_tries=self._subscribe_failures)
+            self._subscribe_failures = 0
+        watch.endpoint = endpoint
+        self.subscribe(subscriber)
+        if "control" in endpoint.ports:
+            try:
+                threading.Thread(target=self._ask_head, args=(watch, f"tcp://{host}:{endpoint.ports['control']}"),
+                                 name="agent-ask-head", daemon=True).start()
+            except RuntimeError as exc:   # no thread to spare: the heartbeat will tell, a little later
+                self._log("head_not_asked", head_job=watch.job, error=str(exc)[:120])
 
     def _ask_head(self, watch: HeadWatch, endpoint: str) -> None:
         """Ask a newly found head directly whether it serves, instead of waiting
@@ -86,7 +113,7 @@ class HeadFollower:
         try:
             with ControlClient(endpoint, self.secret, self.session_id, context=self.zctx) as client:
                 status = client.request("status", {}, timeout=2.0).get("status") or {}
-        except (ControlError, ValueError) as exc:
+        except (ControlError, ValueError, zmq.ZMQError, OSError) as exc:   # ZMQError: e.g. out of descriptors
             self._log("head_not_asked", head_job=watch.job, error=str(exc)[:120])
             return
         at = time.time()

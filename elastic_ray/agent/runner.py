@@ -39,6 +39,7 @@ import errno
 import logging
 import os
 import queue
+import resource
 import signal
 import threading
 import time
@@ -157,7 +158,7 @@ class Agent:
         worker = threading.Thread(target=self._work_loop, name="agent-effects", daemon=True)
         worker.start()
         self.ctx, actions = initial(self.settings, time.time(), self.o.job_id)
-        self._log("agent_started", control=self.control.endpoint, pid=os.getpid())
+        self._log("agent_started", control=self.control.endpoint, pid=os.getpid(), nofile=_raise_nofile_limit())
         self.local.remove_stale_temp_dirs()
         try:
             prune()
@@ -167,7 +168,10 @@ class Agent:
         self._act(actions)
         if hosts_head_at_start(self.o):
             self._log("hosting_head_at_start")
-            self.hosted_head.request(time.time())
+            try:
+                self.hosted_head.request(time.time())
+            except (zmq.ZMQError, OSError) as exc:   # e.g. no descriptor for the heartbeat socket
+                self._log("hosting_head_failed", error=str(exc)[:200])
         try:
             self._loop()
         finally:
@@ -459,3 +463,22 @@ class Agent:
         self.publishing.close()
         signal.set_wakeup_fd(-1)
 
+
+def _raise_nofile_limit() -> int:
+    """Raise this process's soft descriptor limit to its hard limit; return it.
+
+    Every TCP connection to the control port holds a descriptor until the
+    CURVE handshake times out; a soft limit of 1024 (a common default) would
+    let a few hundred idle connections starve the agent's own sockets and
+    files. The hard limit is what the site allows, so this asks for nothing
+    more; Ray, started from here, inherits it (and raises its own anyway).
+    """
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ValueError, OSError) as exc:
+        log.warning("event=nofile_limit_unchanged error=%s", exc)
+        return -1

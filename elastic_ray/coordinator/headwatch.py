@@ -8,6 +8,7 @@ import, which is what lets a run notice head loss with no caller waiting.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ import zmq
 
 from ..protocol.channel import HeartbeatSubscriber
 from ..protocol.session_dir import SessionDir
+
+log = logging.getLogger(__name__)
 
 HEAD_LOST_AFTER = 2.0
 
@@ -54,13 +57,17 @@ class HeadWatch:
             self._close_sub()
             self._job, self._address, self._last_beat, self._ok, self._draining = job, None, None, False, False
         if self._job is not None and self._sub is None:
-            endpoint = self.dir.read_head_endpoint(self._job)
-            if endpoint is not None and "heartbeat" in endpoint.ports:
+            try:
+                endpoint = self.dir.read_head_endpoint(self._job)
+                if endpoint is None or "heartbeat" not in endpoint.ports:
+                    return
                 host = endpoint.address.rpartition(":")[0]
-                self._address = endpoint.address
-                self._sub = HeartbeatSubscriber(f"tcp://{host}:{endpoint.ports['heartbeat']}", self.secret,
-                                                self.session_id, context=self._ctx)
-                self._subscribed_at = time.time()
+                sub = HeartbeatSubscriber(f"tcp://{host}:{endpoint.ports['heartbeat']}", self.secret,
+                                          self.session_id, context=self._ctx)
+            except (zmq.ZMQError, OSError) as exc:   # e.g. out of descriptors: no beat heard, try next time
+                log.warning("event=head_subscribe_failed head_job=%s error=%s", self._job, exc)
+                return
+            self._address, self._sub, self._subscribed_at = endpoint.address, sub, time.time()
 
     def _read(self, wait: float, until_first: bool = False) -> None:
         """Listen up to ``wait`` s; with ``until_first``, stop at the first beat."""

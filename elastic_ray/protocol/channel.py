@@ -16,14 +16,23 @@ Every frame in either direction is sealed (see ``frames``). Invalid frames are
 dropped without an answer, so a prober learns nothing, and are counted by
 reason.
 
-Limit: authentication happens after libzmq has received a whole message.
-MAXMSGSIZE caps each part and the high-water marks count whole messages, but
-nothing in libzmq caps the number of parts in one message: a peer without the
-secret can make the agent buffer one huge multipart message (measured: 2000
-parts of 60 kB raised an idle agent from 23 to 138 MB before the message was
-refused), and open as many connections as it likes. Only a handshake that
-authenticates before any message flows (ZeroMQ CURVE) closes that; until then
-keep the agents' ports reachable only from inside the cluster.
+Connections are authenticated before any message flows: every server socket
+(the agent's ROUTER, the head's PUB) is a CURVE server and every client (the
+coordinator's DEALER, every SUB) a CURVE client, with keys derived from the
+session secret (see ``curve``). A peer without the secret fails the
+handshake, so libzmq never buffers a message part from it, and one that
+stalls in the handshake is dropped after ``curve.HANDSHAKE_IVL_MS``. This
+matters because libzmq receives a whole multipart message before
+authentication by HMAC could look at it, and nothing in libzmq caps the
+number of parts: without CURVE a stranger could make an agent hold 115 MB
+(2000 parts of 60 kB) for as long as it kept the message open.
+
+Caps on what a key holder can send, applied before anything is parsed:
+MAXMSGSIZE per part (``WIRE_PART_LIMIT``: the largest envelope plus the
+CURVE framing, which libzmq counts), whole messages per peer (high-water
+marks), and the number of parts: a message with more parts than a frame has
+is read part by part and dropped without keeping them. CURVE also encrypts
+the traffic; nothing secret is put in a body all the same.
 """
 
 from __future__ import annotations
@@ -41,9 +50,9 @@ from typing import Any
 import zmq
 
 from ..errors import ElasticRayError
+from . import curve
 from .frames import (
     HEARTBEAT_KIND,
-    MAX_FRAME_BYTES,
     NONCE_BYTES,
     REPLY_KIND,
     REQUEST_KINDS,
@@ -52,6 +61,17 @@ from .frames import (
     ReplayGuard,
     open_frame,
     seal,
+)
+from .sockets import (
+    FRAME_PARTS,
+    WIRE_PART_LIMIT,
+    RejectionLog,
+    TooManyParts,
+    bound_socket,
+    endpoint_is_ipv6,
+    parts_of,
+    peer_address,
+    recv_capped,
 )
 
 log = logging.getLogger(__name__)
@@ -71,59 +91,6 @@ class ControlTimeout(ControlError, TimeoutError):
     """No authentic reply within the timeout. The request may or may not have run."""
 
 
-def _tcp_endpoint(host: str, port: int | str) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-
-
-def _host_is_ipv6(host: str) -> bool:
-    return ":" in host
-
-
-def _endpoint_is_ipv6(endpoint: str) -> bool:
-    return "[" in endpoint
-
-
-def _bound_socket(ctx: zmq.Context, kind: int, host: str, port: int, options: Mapping[int, int]) -> zmq.Socket:
-    sock = ctx.socket(kind)
-    try:
-        for opt, value in options.items():
-            sock.setsockopt(opt, value)
-        if _host_is_ipv6(host):
-            sock.setsockopt(zmq.IPV6, 1)
-        sock.bind(_tcp_endpoint(host, port if port else "*"))
-    except BaseException:
-        sock.close(linger=0)
-        raise
-    return sock
-
-
-class _RejectionLog:
-    """Log rejected frames, at most ``burst`` lines per ``period`` seconds.
-
-    A flood of garbage must not become a flood of log lines filling the
-    session's disk; the counters stay exact and the next line logged says how
-    many were suppressed.
-    """
-
-    def __init__(self, logger: logging.Logger, burst: int = 20, period: float = 10.0):
-        self._log, self._burst, self._period = logger, burst, period
-        self._window_start = -period
-        self._logged = 0
-        self.suppressed = 0
-
-    def __call__(self, what: str, exc: FrameRejected, peer: str) -> None:
-        now = time.monotonic()
-        if now - self._window_start >= self._period:
-            self._window_start, self._logged = now, 0
-        if self._logged >= self._burst:
-            self.suppressed += 1
-            return
-        self._logged += 1
-        extra = f" suppressed={self.suppressed}" if self.suppressed else ""
-        self.suppressed = 0
-        self._log.warning("event=%s reason=%s peer=%s detail=%r%s", what, exc.reason, peer, exc.detail, extra)
-
-
 # ---------------------------------------------------------------- server
 
 class ControlServer:
@@ -133,9 +100,11 @@ class ControlServer:
     endpoint is what gets published and what requests are addressed to.
 
     Options and why:
-    - MAXMSGSIZE 64 KiB: libzmq drops an oversized part and disconnects that
-      peer before we allocate it (it applies per part; ``open_frame`` checks
-      the total).
+    - CURVE server (see ``curve``): a peer without the session secret
+      never gets past the handshake, so nothing it sends is buffered.
+    - MAXMSGSIZE ``WIRE_PART_LIMIT``: libzmq drops an oversized part and
+      disconnects that peer before we allocate it (it applies per part;
+      ``open_frame`` checks the total).
     - LINGER 0: closing never waits for replies to vanished clients.
     - RCVHWM/SNDHWM 100: bounds what one peer can queue.
     - ROUTER_HANDOVER stays off: peers never choose routing ids here (libzmq
@@ -154,10 +123,10 @@ class ControlServer:
         self._log = log
         self._guard = guard if guard is not None else ReplayGuard()
         self._clock = clock
-        self._reject_log = _RejectionLog(log)
-        self._socket: zmq.Socket | None = _bound_socket(
+        self._reject_log = RejectionLog(log)
+        self._socket: zmq.Socket | None = bound_socket(
             context or zmq.Context.instance(), zmq.ROUTER, host, port,
-            {zmq.LINGER: 0, zmq.MAXMSGSIZE: MAX_FRAME_BYTES, zmq.RCVHWM: _HWM, zmq.SNDHWM: _HWM})
+            {zmq.LINGER: 0, zmq.MAXMSGSIZE: WIRE_PART_LIMIT, zmq.RCVHWM: _HWM, zmq.SNDHWM: _HWM}, secret)
         self._endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.accepted = 0
         self.rejected: collections.Counter[str] = collections.Counter()
@@ -189,7 +158,7 @@ class ControlServer:
         handled = 0
         while handled < max_messages:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_capped(sock, 1 + FRAME_PARTS)
             except zmq.Again:
                 break
             handled += 1
@@ -199,14 +168,14 @@ class ControlServer:
     def _serve_one(self, frames: list[zmq.Frame], handler: Handler) -> None:
         identity = frames[0].bytes
         try:
-            # Skip the copy for messages with the wrong number of parts (they
-            # may have thousands); open_frame only needs their count then.
-            parts = [f.buffer for f in frames[1:]] if len(frames) == 3 else frames[1:]
+            if isinstance(frames[-1], TooManyParts):
+                raise FrameRejected("parts", f"expected 2 parts, got {frames[-1].count - 1}")
+            parts = [f.buffer for f in frames[1:]]
             request = open_frame(self._secret, self._session_id, parts, self._guard, self._clock(),
                                  expect=REQUEST_KINDS, to=self._endpoint)
         except FrameRejected as exc:
             self.rejected[exc.reason] += 1
-            self._reject_log("frame_rejected", exc, _peer_address(frames[0]))
+            self._reject_log("frame_rejected", exc, peer_address(frames[0]))
             return
         self.accepted += 1
         try:
@@ -243,13 +212,6 @@ class ControlServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _peer_address(frame: zmq.Frame) -> str:
-    try:
-        return frame.get("Peer-Address") or "?"
-    except (zmq.ZMQError, AttributeError, UnicodeDecodeError):
-        return "?"
 
 
 def _error_text(exc: BaseException) -> str:
@@ -305,8 +267,9 @@ class ControlClient:
         sock = self._ctx.socket(zmq.DEALER)
         try:
             sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-            if _endpoint_is_ipv6(self.endpoint):
+            sock.setsockopt(zmq.MAXMSGSIZE, WIRE_PART_LIMIT)
+            curve.make_client(sock, self._secret)
+            if endpoint_is_ipv6(self.endpoint):
                 sock.setsockopt(zmq.IPV6, 1)
             sock.connect(self.endpoint)
             # The pipe exists as soon as connect() returns, so this queues
@@ -317,7 +280,7 @@ class ControlClient:
                 if remaining <= 0:
                     raise ControlTimeout(f"{kind} to {self.endpoint}: no reply within {timeout:g} s")
                 if sock.poll(math.ceil(remaining * 1000), zmq.POLLIN):
-                    return self._check_reply(kind, sock.recv_multipart(zmq.NOBLOCK), nonce)
+                    return self._check_reply(kind, parts_of(recv_capped(sock, FRAME_PARTS)), nonce)
         finally:
             sock.close(linger=0)
 
@@ -367,9 +330,9 @@ class HeartbeatPublisher:
         self.source = uuid.uuid4().hex[:16]
         self.seq = 0
         # SNDHWM small: a slow subscriber loses old heartbeats, which are worthless anyway.
-        self._socket: zmq.Socket | None = _bound_socket(
+        self._socket: zmq.Socket | None = bound_socket(
             context or zmq.Context.instance(), zmq.PUB, host, port,
-            {zmq.LINGER: 0, zmq.SNDHWM: 16, zmq.MAXMSGSIZE: MAX_FRAME_BYTES})
+            {zmq.LINGER: 0, zmq.SNDHWM: 16, zmq.MAXMSGSIZE: WIRE_PART_LIMIT}, secret)
         self._endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
     @property
@@ -388,8 +351,8 @@ class HeartbeatPublisher:
                      {**body, "src": self.source, "seq": self.seq}, self._clock())
         try:
             self._socket.send_multipart(parts, zmq.NOBLOCK)
-        except zmq.Again:  # PUB drops rather than blocks; kept for safety
-            pass
+        except zmq.ZMQError as exc:  # PUB drops rather than blocks; a lost beat is replaced by the next
+            log.debug("event=heartbeat_not_sent seq=%d error=%s", self.seq, exc)
         return self.seq
 
     def close(self) -> None:
@@ -429,13 +392,14 @@ class HeartbeatSubscriber:
         self.received = 0
         self.last: Envelope | None = None
         self.last_seen: float | None = None
-        self._reject_log = _RejectionLog(log)
+        self._reject_log = RejectionLog(log)
         sock = (context or zmq.Context.instance()).socket(zmq.SUB)
         try:
-            for opt, value in {zmq.LINGER: 0, zmq.MAXMSGSIZE: MAX_FRAME_BYTES, zmq.RCVHWM: 64,
+            curve.make_client(sock, secret)
+            for opt, value in {zmq.LINGER: 0, zmq.MAXMSGSIZE: WIRE_PART_LIMIT, zmq.RCVHWM: 64,
                                zmq.RECONNECT_IVL: 100, zmq.RECONNECT_IVL_MAX: 1000}.items():
                 sock.setsockopt(opt, value)
-            if _endpoint_is_ipv6(endpoint):
+            if endpoint_is_ipv6(endpoint):
                 sock.setsockopt(zmq.IPV6, 1)
             sock.setsockopt(zmq.SUBSCRIBE, b"")
             sock.connect(endpoint)
@@ -461,7 +425,7 @@ class HeartbeatSubscriber:
         newest: Envelope | None = None
         for _ in range(max_messages):
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK)
+                parts = parts_of(recv_capped(sock, FRAME_PARTS))
             except zmq.Again:
                 if newest is not None:
                     return newest

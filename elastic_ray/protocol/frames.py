@@ -36,9 +36,10 @@ its own nonces). An agent accepts only requests addressed to its own
 published endpoint. ``re`` ties a reply to one request, so a reply cannot be
 replayed to another caller or another call.
 
-What is not protected: the channel authenticates, it does not encrypt.
-Anyone on the network can read requests and heartbeats; nothing secret is
-ever put in a body.
+The sockets (``channel``) add ZeroMQ CURVE: connections are authenticated
+and encrypted with keys derived from the same secret (``curve``). This tag
+stays as a second, independent check, and is what binds a frame to its
+session, destination and nonce. Nothing secret is ever put in a body.
 
 Replay and clocks
 -----------------
@@ -74,7 +75,8 @@ from ..errors import ElasticRayError
 
 VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024
-"""Upper bound on the sum of both parts. Also set as ZMQ_MAXMSGSIZE on sockets."""
+"""Upper bound on the sum of both parts. The sockets' ZMQ_MAXMSGSIZE is this plus
+the CURVE framing (``channel.WIRE_PART_LIMIT``)."""
 TAG_BYTES = 32
 NONCE_BYTES = 16
 SKEW_WINDOW = 30.0
