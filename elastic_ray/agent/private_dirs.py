@@ -74,9 +74,14 @@ def ensure_private_dir(path: str | os.PathLike[str], *, create: bool = True) -> 
     return path
 
 
-def user_temp_root(base: str = NODE_TMP) -> Path:
+def user_temp_root() -> Path:
     """This user's root of Ray temp dirs on this node."""
-    return Path(base) / f"er-{os.geteuid()}"
+    return Path(NODE_TMP) / f"er-{os.geteuid()}"
+
+
+def user_runtime_dir() -> Path:
+    """This user's directory of agent status files on this node."""
+    return Path(NODE_TMP) / f"elastic-agent-{os.geteuid()}"
 
 
 @dataclass(frozen=True)

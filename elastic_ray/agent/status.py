@@ -26,7 +26,7 @@ import psutil
 from ..atomic import atomic_write_json, read_record
 from ..errors import CorruptFileError
 from ..protocol.records import AgentState, NodeState
-from .private_dirs import NODE_TMP, ensure_private_dir
+from .private_dirs import ensure_private_dir, user_runtime_dir
 
 # An agent rewrites its file at least this often while it runs; a live PID
 # with an older file means the agent is stuck.
@@ -45,7 +45,7 @@ def runtime_dir() -> Path:
     read what our agents do nor plant files for ``status`` to show.
     """
     configured = os.environ.get("ELASTIC_AGENT_RUNTIME_DIR")
-    return Path(configured) if configured else Path(NODE_TMP) / f"elastic-agent-{os.geteuid()}"
+    return Path(configured) if configured else user_runtime_dir()
 
 
 def status_path(job_id: str, node: str, pid: int) -> Path:
