@@ -444,3 +444,34 @@ def test_a_worker_record_knows_whether_it_hosts_the_runs_head():
     assert WorkerRecord.from_dict(old).hosts_run_head is False
     with pytest.raises(ValueError, match="hosts_run_head"):
         WorkerRecord.from_dict({**first.to_dict(), "hosts_run_head": "yes"})
+
+
+def test_a_link_that_reports_exists_for_our_own_commit_counts_once(session, monkeypatch):
+    """NFS: a LINK retransmitted after a lost reply answers EEXIST although the
+    first one made our link. Taken for a lost race, the change would be
+    applied twice (head_failures counted twice, say)."""
+    real_link = os.link
+
+    def link_then_exists(src, dst):
+        real_link(src, dst)
+        raise FileExistsError(17, "File exists", str(dst))
+
+    monkeypatch.setattr(os, "link", link_then_exists)
+    calls = []
+
+    def change(record: AllocationRecord) -> AllocationRecord:
+        calls.append(record.generation)
+        return add_worker("101")(record)
+
+    rec = session.update_allocation(change)
+    assert calls == [0] and rec.generation == 1
+    assert session.read_allocation() == rec
+
+
+def test_create_refuses_a_filesystem_without_hard_links(tmp_path, monkeypatch):
+    def no_links(*_args, **_kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with pytest.raises(SessionDirError, match="refused a hard link.*POSIX filesystem with hard links"):
+        SessionDir.create(tmp_path / "sess", make_info())

@@ -65,6 +65,40 @@ def _flock(path: Path, timeout: float) -> ContextManager[object]:
     return filelock.FileLock(str(path), timeout=timeout)
 
 
+def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _no_hard_links(directory: Path, exc: OSError) -> SessionDirError:
+    return SessionDirError(
+        f"{directory}: the filesystem refused a hard link ({exc.strerror or exc}); a session directory needs "
+        "a POSIX filesystem with hard links and atomic rename (local, NFS, Lustre, GPFS, BeeGFS, CephFS), "
+        "not an object-store or SMB mount")
+
+
+def check_filesystem(directory: Path) -> None:
+    """Refuse a filesystem the session cannot commit on: one without hard
+    links (allocation.json's compare-and-swap creates its generation files by
+    link). Whether flock is cluster-wide cannot be told from one node, and
+    need not be: the compare-and-swap does not depend on it."""
+    fd, probe = tempfile.mkstemp(prefix=".fs-check.", dir=directory)
+    os.close(fd)
+    linked = probe + ".link"
+    try:
+        os.link(probe, linked)
+        if not _same_file(probe, linked):
+            raise SessionDirError(f"{directory}: a hard link did not name the same file; unsupported filesystem")
+    except OSError as exc:
+        raise _no_hard_links(directory, exc) from None
+    finally:
+        for name in (linked, probe):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
+
+
 class SessionDir:
     """Access to one session directory. Cheap to create; holds no open files."""
 
@@ -139,6 +173,7 @@ class SessionDir:
                 raise UnsafePathError(str(session.path), f"is owned by uid {owner}, not by us (uid {os.geteuid()}); "
                                       "a session directory must be our own") from None
         os.chmod(session.path, 0o700)
+        check_filesystem(session.path)
         # Validate what we are about to write by round-tripping it.
         SessionInfo.from_dict(info.to_dict())
         for sub in ("jobs", "logs"):
@@ -292,10 +327,16 @@ class SessionDir:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            target = self.generation_file(record.generation)
             try:
-                os.link(tmp_name, self.generation_file(record.generation))
+                os.link(tmp_name, target)
             except FileExistsError:
-                return False
+                # Over NFS a LINK retransmitted after a lost reply answers
+                # "exists" for our own link: the inode tells.
+                if not _same_file(tmp_name, target):
+                    return False
+            except OSError as exc:
+                raise _no_hard_links(self.generation_dir, exc) from None
             _fsync_dir(self.generation_dir)
             # Committed. The copy may only lag, never go back: skip it when a
             # newer generation is already there (its writer puts its own).
