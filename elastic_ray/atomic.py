@@ -8,11 +8,15 @@ make atomic) and fsync the directory so the rename itself survives a crash.
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import CorruptFileError
 
@@ -69,26 +73,131 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, mode: int = 0o600)
     atomic_write_text(path, text, mode)
 
 
-def read_bytes_bounded(path: str | os.PathLike[str], limit: int = MAX_FILE_BYTES) -> bytes:
-    """Read a whole file, refusing one larger than ``limit``.
+def _refuse_special(path: str | os.PathLike[str], reason: str) -> CorruptFileError:
+    return CorruptFileError(str(path), f"{reason}; only a regular file is read here (remove it)")
 
-    Raises FileNotFoundError when absent and CorruptFileError when too big.
+
+def read_bytes_bounded(path: str | os.PathLike[str], limit: int = MAX_FILE_BYTES) -> bytes:
+    """Read a whole regular file, refusing one larger than ``limit``.
+
+    The file is opened without following a symlink and without blocking, and
+    anything but a regular file is refused: a FIFO planted under a known name
+    would otherwise hang the reader forever, and a symlink would redirect it
+    to a file the writer never meant (another user's, or /dev/zero).
+
+    Raises FileNotFoundError when absent and CorruptFileError when too big or
+    not a regular file.
     """
-    with open(path, "rb") as handle:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK):   # Linux says ELOOP, FreeBSD EMLINK
+            raise _refuse_special(path, "is a symbolic link") from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refuse_special(path, f"is not a regular file (mode {stat.filemode(info.st_mode)})")
         data = handle.read(limit + 1)
     if len(data) > limit:
         raise CorruptFileError(str(path), f"larger than {limit} bytes")
     return data
 
 
+# Limits of what a session file may hold. A record nests four levels at most
+# and carries small numbers; these leave room for user configs while keeping
+# a hostile file from costing a reader more than it costs to parse it.
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 19                 # |n| < 10**19 covers every int64
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer of {len(text)} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]!r} is out of range")
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_tree(value: Any) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and strings that are not Unicode
+    text (lone surrogates, which ``json`` decodes but nothing can write back).
+    Iterative, so it cannot itself run out of stack."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("a string holds a lone surrogate (not text)") from None
+        elif isinstance(item, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+            children = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, child in children:
+                if isinstance(key, str):
+                    stack.append((key, depth))
+                stack.append((child, depth + 1))
+
+
+def parse_json_bytes(data: bytes) -> Any:
+    """Strict JSON: UTF-8, no NaN or Infinity, bounded integers and nesting.
+
+    Raises ValueError for anything else (RecursionError and OverflowError
+    included, which ``json`` lets escape for deep nesting and huge numbers).
+    """
+    try:
+        value = json.loads(data.decode("utf-8"), parse_int=_parse_int, parse_float=_parse_float,
+                           parse_constant=_refuse_constant)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except OverflowError as exc:
+        raise ValueError(str(exc)) from None
+    _check_tree(value)
+    return value
+
+
 def read_json(path: str | os.PathLike[str], limit: int = MAX_FILE_BYTES) -> Any:
-    """Parse a JSON file; a truncated or garbage file raises CorruptFileError.
+    """Parse a JSON file; a truncated, garbage or hostile file raises CorruptFileError.
 
     FileNotFoundError passes through: "absent" and "broken" mean different
     things to callers (absent is often normal, broken needs a report).
     """
     data = read_bytes_bounded(path, limit)
     try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return parse_json_bytes(data)
+    except ValueError as exc:
         raise CorruptFileError(str(path), f"not valid JSON ({exc})") from None
+
+
+# What a record's ``from_dict`` may raise for content it refuses. ValueError
+# is its contract; the others stand for a validator that missed a case, which
+# must still read as "damaged file", not crash the reader.
+RECORD_ERRORS = (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError)
+
+T = TypeVar("T")
+
+
+def read_record(path: str | os.PathLike[str], parse: Callable[[Any], T], limit: int = MAX_FILE_BYTES) -> T:
+    """Read a JSON file and validate it with ``parse`` (a record's ``from_dict``).
+
+    Every malformed content raises CorruptFileError naming ``path``;
+    FileNotFoundError passes through, other OSErrors too.
+    """
+    data = read_json(path, limit)
+    try:
+        return parse(data)
+    except RECORD_ERRORS as exc:
+        raise CorruptFileError(str(path), str(exc) or type(exc).__name__) from None

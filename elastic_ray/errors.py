@@ -55,6 +55,20 @@ class CorruptFileError(SessionDirError):
         super().__init__(f"{path}: {reason}")
 
 
+class UnsafePathError(ElasticRayError):
+    """A file or directory we were about to trust is not safely ours.
+
+    Raised for a private directory owned by another user or open to group or
+    others, a secret readable by others, or a symlink or FIFO where a regular
+    file belongs. ``path`` names it; the message says how to fix it.
+    """
+
+    def __init__(self, path: str, reason: str):
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
 class AllocationFailed(ElasticRayError):
     """An allocation ended before it was ready (a worker before all its nodes
     joined, a head before its Ray answered). ``log_path`` names its job log."""

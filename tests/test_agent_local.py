@@ -23,6 +23,7 @@ import zmq
 
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.agent import gcs
+from elastic_ray.agent.private_dirs import user_temp_root
 from elastic_ray.coordinator import submit
 from elastic_ray.coordinator.session import Session
 from elastic_ray.config.launcher import RayLauncher
@@ -77,6 +78,9 @@ def session_factory(tmp_path, monkeypatch):
         # The local scheduler's supervisors stop the agents, which stop Ray.
         wait_until(lambda: all(i.state.is_final for i in session.query().values()), timeout=60,
                    message="session jobs did not end after teardown")
+        # ...and each agent removes its Ray temp dirs as it exits: nothing of the run stays in /tmp.
+        temp = user_temp_root() / session.info.session_id[:8]
+        wait_until(lambda: not temp.exists(), 30, 0.2, f"{temp} removed once the run's agents exited")
 
 
 def test_cpu_head_and_a_gpu_worker_allocation(session_factory):
@@ -375,7 +379,7 @@ def test_term_while_starting_leaves_at_once_and_leaves_no_ray_behind(shared, whe
     left = one_state(session, handle.job_id)
     assert final.state.value == "COMPLETED"
     assert left["state"] == "LEFT" and "drain before joining" in left["reason"], left["reason"]
-    fragment = f"/tmp/er/{session.info.session_id[:8]}/{handle.job_id}."
+    fragment = f"{user_temp_root()}/{session.info.session_id[:8]}/{handle.job_id}."
     wait_until(lambda: not processes_naming(fragment), 15, 0.2, f"no process under {fragment}")
     assert not list(Path(fragment.rsplit("/", 1)[0]).glob(f"{handle.job_id}.*"))
     print(f"\nTERM {when}: job {final.state.value}, agent {left['state']}; "
@@ -433,7 +437,7 @@ def test_a_worker_hosts_a_head_and_its_own_node_follows_it(session_factory):
     final = wait_until(lambda: (i := session.query().get(worker.job_id)) and i.state.is_final and i, 30, 0.2,
                        "the hosting allocation to end once the head moved")
     assert final.state.value == "COMPLETED"
-    hosted_dir = f"/tmp/er/{session.info.session_id[:8]}/{worker.job_id}."
+    hosted_dir = f"{user_temp_root()}/{session.info.session_id[:8]}/{worker.job_id}."
     wait_until(lambda: not processes_naming(hosted_dir), 15, 0.2, "the hosted head's processes to be gone")
     ended = one_state(session, worker.job_id)
     print(f"\nhosted head on {before['node']} ({endpoint.address}); the host's worker rejoined it "

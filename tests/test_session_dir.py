@@ -17,7 +17,8 @@ from dataclasses import replace
 import filelock
 import pytest
 
-from elastic_ray.errors import CorruptFileError, SessionDirError
+from elastic_ray.errors import CorruptFileError, SessionDirError, UnsafePathError
+from elastic_ray.protocol import session_dir as session_dir_module
 from elastic_ray.atomic import atomic_write_json, read_json
 from elastic_ray.protocol.records import (
     AllocationRecord,
@@ -55,6 +56,57 @@ def test_create_refuses_an_existing_session(session):
     with pytest.raises(SessionDirError, match="already holds a session"):
         SessionDir.create(session.path, make_info(session_id="other"))
     assert session.info().session_id == "s-1"
+
+
+def test_create_refuses_a_directory_that_holds_anything(tmp_path):
+    target = tmp_path / "sess"
+    target.mkdir()
+    (target / "leftover.txt").write_text("from an earlier run")
+    with pytest.raises(SessionDirError, match=rf"{target} is not empty \(leftover.txt\)"):
+        SessionDir.create(target, make_info())
+    assert not (target / "secret").exists() and not (target / "session.json").exists()
+
+
+def test_create_takes_an_existing_empty_directory_of_ours_and_closes_it(tmp_path):
+    target = tmp_path / "sess"
+    target.mkdir(mode=0o755)
+    os.chmod(target, 0o755)
+    SessionDir.create(target, make_info())
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o700
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_create_refuses_an_empty_directory_of_another_user(tmp_path):
+    target = tmp_path / "sess"
+    target.mkdir()
+    os.chown(target, 54321, 54321)
+    with pytest.raises(UnsafePathError, match="owned by uid 54321"):
+        SessionDir.create(target, make_info())
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644, 0o660])
+def test_a_secret_others_can_read_is_refused_with_the_fix(session, mode):
+    os.chmod(session.secret_file, mode)
+    with pytest.raises(UnsafePathError) as info:
+        session.secret()
+    assert f"mode {mode:04o}" in str(info.value)
+    assert f"chmod 600 {session.secret_file}" in str(info.value)
+    os.chmod(session.secret_file, 0o600)
+    assert len(session.secret()) == 32
+
+
+def test_a_secret_that_is_a_symlink_or_fifo_is_refused(session, tmp_path):
+    elsewhere = tmp_path / "other-key"
+    elsewhere.write_bytes(b"k" * 32)
+    os.chmod(elsewhere, 0o600)
+    session.secret_file.unlink()
+    session.secret_file.symlink_to(elsewhere)
+    with pytest.raises(CorruptFileError, match="symbolic link"):
+        session.secret()
+    session.secret_file.unlink()
+    os.mkfifo(session.secret_file, 0o600)
+    with pytest.raises(CorruptFileError, match="not a regular file"):
+        session.secret()          # returns at once: a FIFO is never waited on
 
 
 def test_open_refuses_a_plain_directory(tmp_path):
@@ -190,6 +242,103 @@ def test_concurrent_updates_from_many_processes_lose_nothing(session):
     assert rec.generation == 200
 
 
+class _NoLock:
+    """A lock that does not lock: flock on Lustre ``localflock`` or BeeGFS
+    without global locks, seen from two nodes."""
+
+    def __init__(self, *_args, **_kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc):
+        return False
+
+
+def _hammer_without_flock(path: str, start: int, count: int) -> None:
+    session_dir_module._flock = _NoLock
+    _hammer(path, start, count)
+
+
+def test_without_a_working_flock_the_generation_swap_loses_nothing(session):
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_hammer_without_flock, args=(str(session.path), 1000 * (k + 1), 25))
+             for k in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+    assert all(p.exitcode == 0 for p in procs)
+    rec = session.read_allocation()
+    assert len(rec.workers) == 200
+    assert rec.generation == 200
+    # Clutter stays bounded: only the last generations are kept.
+    assert len(list(session.generation_dir.glob("*.json"))) <= session_dir_module.KEEP_GENERATIONS
+
+
+def test_a_writer_that_loses_the_race_computes_its_change_again(session, monkeypatch):
+    """Two writers read generation 0; the other commits first. Without the
+    compare-and-swap, ours would overwrite worker 900 with a record that
+    never saw it."""
+    monkeypatch.setattr(session_dir_module, "_flock", _NoLock)
+    other = SessionDir(session.path)
+    seen = []
+
+    def change(record: AllocationRecord) -> AllocationRecord:
+        seen.append(record.generation)
+        if len(seen) == 1:
+            other.update_allocation(add_worker("900"))   # commits generation 1 meanwhile
+        return add_worker("101")(record)
+
+    rec = session.update_allocation(change)
+    assert seen == [0, 1]
+    assert set(rec.workers) == {"900", "101"} and rec.generation == 2
+    assert session.read_allocation() == rec
+
+
+def test_a_reader_moves_past_a_copy_its_writer_never_replaced(session, monkeypatch):
+    """A writer that died between commit (the link) and the rename of
+    allocation.json: the committed generation counts, for readers and writers."""
+    session.update_allocation(add_worker("101"))
+    real_replace = os.replace
+
+    def die_before_copy(src, dst):
+        if str(dst) == str(session.allocation_file):
+            raise KeyboardInterrupt
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", die_before_copy)
+    with pytest.raises(KeyboardInterrupt):
+        session.update_allocation(add_worker("102"))
+    monkeypatch.undo()
+    assert read_json(session.allocation_file)["generation"] == 1        # the copy lags
+    assert set(session.read_allocation().workers) == {"101", "102"}      # the commit counts
+    rec = session.update_allocation(add_worker("103"))
+    assert rec.generation == 3 and set(rec.workers) == {"101", "102", "103"}
+    assert read_json(session.allocation_file)["generation"] == 3
+
+
+def test_a_generation_file_that_does_not_hold_its_generation_is_corrupt(session):
+    session.update_allocation(add_worker("101"))
+    data = read_json(session.generation_file(1))
+    atomic_write_json(session.generation_file(2), dict(data, generation=7))
+    with pytest.raises(CorruptFileError, match=r"2.json: holds generation 7, not 2"):
+        session.read_allocation()
+
+
+def test_restore_continues_past_every_committed_generation(session):
+    for job in ("101", "102"):
+        session.update_allocation(add_worker(job))
+    session.generation_file(2).write_bytes(b"{damaged")     # also allocation.json: one inode
+    with pytest.raises(CorruptFileError):
+        session.read_allocation()
+    restored = session.restore_allocation_backup()
+    # The newest good record (the backup mirrors generation 2) under a fresh generation.
+    assert set(restored.workers) == {"101", "102"} and restored.generation == 3
+    assert session.update_allocation(add_worker("103")).generation == 4
+
+
 def test_a_writer_killed_mid_write_leaves_the_old_content(session, monkeypatch):
     session.update_allocation(add_worker("101"))
     before = session.allocation_file.read_bytes()
@@ -295,3 +444,34 @@ def test_a_worker_record_knows_whether_it_hosts_the_runs_head():
     assert WorkerRecord.from_dict(old).hosts_run_head is False
     with pytest.raises(ValueError, match="hosts_run_head"):
         WorkerRecord.from_dict({**first.to_dict(), "hosts_run_head": "yes"})
+
+
+def test_a_link_that_reports_exists_for_our_own_commit_counts_once(session, monkeypatch):
+    """NFS: a LINK retransmitted after a lost reply answers EEXIST although the
+    first one made our link. Taken for a lost race, the change would be
+    applied twice (head_failures counted twice, say)."""
+    real_link = os.link
+
+    def link_then_exists(src, dst):
+        real_link(src, dst)
+        raise FileExistsError(17, "File exists", str(dst))
+
+    monkeypatch.setattr(os, "link", link_then_exists)
+    calls = []
+
+    def change(record: AllocationRecord) -> AllocationRecord:
+        calls.append(record.generation)
+        return add_worker("101")(record)
+
+    rec = session.update_allocation(change)
+    assert calls == [0] and rec.generation == 1
+    assert session.read_allocation() == rec
+
+
+def test_create_refuses_a_filesystem_without_hard_links(tmp_path, monkeypatch):
+    def no_links(*_args, **_kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with pytest.raises(SessionDirError, match="refused a hard link.*POSIX filesystem with hard links"):
+        SessionDir.create(tmp_path / "sess", make_info())

@@ -97,7 +97,10 @@ def status(as_json: bool, job_id: str | None, show_all: bool) -> None:
     """Every agent on this node: role, state, head, Ray node, ports, restarts, drain."""
     from .status import collect, render_json, render_text, select
 
-    views, hidden = select(collect(), job=job_id, show_all=show_all)
+    try:
+        views, hidden = select(collect(), job=job_id, show_all=show_all)
+    except ElasticRayError as exc:   # the runtime dir is not ours alone
+        raise click.ClickException(str(exc)) from None
     click.echo(render_json(views) if as_json else render_text(views, hidden=hidden))
 
 

@@ -25,6 +25,7 @@ A handle's ``raylet`` is set once by the launching thread after the start;
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -41,6 +42,7 @@ from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
 from . import gcs
 from .machine import DrainRay
+from .private_dirs import LEGACY_TEMP_ROOT, ensure_private_dir, remove_path, sweep_temp_roots, user_temp_root
 from .ray_args import build_ray_start, choose_ports, slurm_cpus_on_node, slurm_memory_bytes, worker_gpus
 from .ray_node import RayNode, free_port
 
@@ -84,6 +86,7 @@ class LocalRay:
         self.hosted: RayHandle | None = None
         self.nodes: list[RayNode] = []
         self._starts = 0
+        self._temp_dirs: list[str] = []
         self.stopping = False
 
     # ------------------------------------------------------------ orders (event loop)
@@ -114,7 +117,7 @@ class LocalRay:
             return None  # superseded before it began (a stop or another start came first)
         p = self.place
         temp_dir = self._temp_dir("h" if role == "head" else "w")
-        Path(temp_dir).mkdir(parents=True, exist_ok=True)
+        self._make_temp_dir(temp_dir)
         ports = choose_ports(self.launcher.port_strategy, p.job_id, role, free_port, head_port=self.launcher.head_port)
         labels = {"slurm.job-id": p.job_id, "slurm.node": p.node}
         memory = slurm_memory_bytes(os.environ)
@@ -193,6 +196,12 @@ class LocalRay:
                     self._log("leftover_ray_killed", pid=node.pid, killed=",".join(report.killed) or "-")
             except Exception as exc:
                 log.warning("event=sweep_failed job=%s pid=%s error=%s", self.place.job_id, node.pid, exc)
+        # Every temp dir this agent made goes with it, also those of nodes
+        # the stops missed (the stops remove their own already).
+        with self.lock:
+            temp_dirs = list(self._temp_dirs)
+        for directory in temp_dirs:
+            remove_path(directory)
         try:
             os.rmdir(self.temp_root())     # only if no other job of the session still uses it
         except OSError:
@@ -201,9 +210,34 @@ class LocalRay:
     # ------------------------------------------------------------ temp dirs
     def temp_root(self) -> str:
         # Short on purpose: Ray puts Unix sockets under it (107-byte limit).
+        # Per user (see private_dirs): on a shared node, another user's agent
+        # must neither lock us out of it nor read or plant anything in it.
         # The session id keeps two runs whose job ids coincide (two local
-        # clusters both start at job 1) apart on a shared /tmp.
-        return f"/tmp/er/{self.place.session_id[:8]}"
+        # clusters both start at job 1) apart.
+        return f"{user_temp_root()}/{self.place.session_id[:8]}"
+
+    def prepare(self) -> None:
+        """Check (and make) this user's private temp root; UnsafePathError if
+        it is not ours alone. Called at the agent's start, so a refused
+        directory stops the agent with a clear error before any Ray starts."""
+        ensure_private_dir(user_temp_root())
+        ensure_private_dir(self.temp_root())
+
+    def _make_temp_dir(self, temp_dir: str) -> None:
+        with self.lock:
+            self._temp_dirs.append(temp_dir)
+        for attempt in (1, 2):
+            self.prepare()
+            try:
+                os.mkdir(temp_dir, 0o700)
+                return
+            except FileExistsError:
+                return   # a dir left by an earlier agent of this job; remove_stale_temp_dirs spared it as in use
+            except FileNotFoundError:
+                # The session's folder went between the check and the mkdir
+                # (the last agent of another job of this session left): again.
+                if attempt == 2:
+                    raise
 
     def _temp_dir(self, suffix: str) -> str:
         """A fresh directory for every start of a Ray node.
@@ -223,7 +257,19 @@ class LocalRay:
     def remove_stale_temp_dirs(self) -> None:
         """Remove temp dirs an earlier agent of this job and node left behind
         (killed before it could clean up, or a requeued job), unless a live
-        process still names them."""
+        process still names them; then those of any ended run of this user
+        on this node (see ``private_dirs.stale_temp_dirs``), in this user's
+        root and in the root older versions shared."""
+        try:
+            self._remove_own_stale_temp_dirs()
+            for path in sweep_temp_roots([user_temp_root(), LEGACY_TEMP_ROOT]):
+                self._log("stale_temp_dir_removed", path=path)
+        except Exception as exc:   # housekeeping must never stop the agent
+            log.warning("event=temp_sweep_failed job=%s error=%s", self.place.job_id, exc)
+        with contextlib.suppress(OSError):
+            os.rmdir(LEGACY_TEMP_ROOT)    # gone once no user's dirs are left in it
+
+    def _remove_own_stale_temp_dirs(self) -> None:
         mine = glob.glob(f"{self.temp_root()}/{self.place.job_id}.{self.place.node_index}[hw]*")
         if not mine:
             return

@@ -49,6 +49,7 @@ import psutil
 import zmq
 
 from ..config.launcher import RayLauncher
+from ..errors import UnsafePathError
 from ..protocol.channel import ControlServer
 from ..protocol.records import AgentState, NodeState, RequestCounts, Transition
 from ..protocol.records import HostedHead as HostedHeadRecord
@@ -78,6 +79,7 @@ from .machine import (
 )
 from .publishing import HeadPublishing
 from .signal_drain import DRAIN_SIGNALS, drain_for_signal
+from .private_dirs import ensure_private_dir
 from .status import REFRESH_SECONDS, prune, status_path, write_status
 
 log = logging.getLogger("elastic_ray.agent")
@@ -103,6 +105,10 @@ class Agent:
         place = NodePlace(options.job_id, options.node, options.node_ip, options.node_index, self.info.session_id,
                           self.session.log_dir)
         self.local = LocalRay(place, self.launcher, self.allocation, self._log)
+        # Private per-user directories, checked before anything runs: one that
+        # is not ours alone stops the agent here with a clear error.
+        self.local.prepare()
+        ensure_private_dir(self.status_file.parent)
         self.transitions: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
         self._events: "queue.Queue[tuple[int | None, Event | Callable[[], None]]]" = queue.Queue()
         self._work: "queue.Queue[Callable[[], None] | None]" = queue.Queue()
@@ -162,7 +168,7 @@ class Agent:
         self.local.remove_stale_temp_dirs()
         try:
             prune()
-        except OSError as exc:
+        except (OSError, UnsafePathError) as exc:
             log.warning("event=status_prune_failed error=%s", exc)
         self._publish_status(force_session=True)
         self._act(actions)
@@ -445,7 +451,7 @@ class Agent:
             write_status(self.status_file, state)
             if force_session:
                 self.session.write_node_state(state)
-        except (OSError, ValueError) as exc:  # ValueError: a state the record refuses; a bug, never fatal
+        except (OSError, ValueError, UnsafePathError) as exc:  # ValueError: a state the record refuses; a bug
             log.warning("event=status_write_failed job=%s node=%s error=%s", self.o.job_id, self.o.node, exc)
 
     # ------------------------------------------------------------ shutdown

@@ -23,8 +23,10 @@ from typing import Any
 
 import psutil
 
-from ..atomic import atomic_write_json, read_json
+from ..atomic import atomic_write_json, read_record
+from ..errors import CorruptFileError
 from ..protocol.records import AgentState, NodeState
+from .private_dirs import ensure_private_dir, user_runtime_dir
 
 # An agent rewrites its file at least this often while it runs; a live PID
 # with an older file means the agent is stuck.
@@ -37,9 +39,13 @@ PRUNE_AFTER_SECONDS = 7 * 86400.0
 
 
 def runtime_dir() -> Path:
-    """Node-local directory for status files (a Slurm node's /tmp is its own)."""
+    """Node-local directory for status files (a Slurm node's /tmp is its own).
+
+    One per user, mode 0700 (see ``private_dirs``): other users can neither
+    read what our agents do nor plant files for ``status`` to show.
+    """
     configured = os.environ.get("ELASTIC_AGENT_RUNTIME_DIR")
-    return Path(configured) if configured else Path(f"/tmp/elastic-agent-{os.getuid()}")
+    return Path(configured) if configured else user_runtime_dir()
 
 
 def status_path(job_id: str, node: str, pid: int) -> Path:
@@ -47,8 +53,17 @@ def status_path(job_id: str, node: str, pid: int) -> Path:
 
 
 def write_status(path: Path, state: NodeState) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    atomic_write_json(path, state.to_dict(), mode=0o644)
+    """Replace the status file (atomic: a planted symlink or FIFO under its
+    name is replaced, never followed or opened)."""
+    ensure_private_dir(path.parent)
+    atomic_write_json(path, state.to_dict(), mode=0o600)
+
+
+def read_status(path: Path) -> NodeState:
+    """One status file, validated. CorruptFileError for any malformed content
+    or anything but a regular file (read without following a symlink and
+    without blocking on a FIFO); FileNotFoundError when gone."""
+    return read_record(path, NodeState.from_dict)
 
 
 @dataclass(frozen=True)
@@ -91,14 +106,25 @@ def _pid_alive(status: NodeState) -> bool:
 
 
 def collect(directory: Path | None = None, now: float | None = None) -> list[AgentView]:
+    """Every status file in ``directory`` (default: this user's runtime dir).
+
+    UnsafePathError when the directory is not ours alone (its files could be
+    anyone's); an absent directory means no agent ran here.
+    """
     directory = directory or runtime_dir()
     now = time.time() if now is None else now
     views: list[AgentView] = []
-    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+    if not os.path.lexists(directory):
+        return views
+    ensure_private_dir(directory, create=False)
+    for path in sorted(directory.glob("*.json")):
         try:
-            state = NodeState.from_dict(read_json(path))
-        except Exception as exc:  # a damaged (or newer elastic-ray's) file is reported, not fatal
-            views.append(AgentView(None, "unknown", path, error=f"unreadable status file: {exc}"))
+            state = read_status(path)
+        except FileNotFoundError:
+            continue   # pruned or replaced while we listed
+        except (CorruptFileError, OSError) as exc:  # a damaged (or newer elastic-ray's) file is reported, not fatal
+            reason = exc.reason if isinstance(exc, CorruptFileError) else str(exc)   # the path is shown apart
+            views.append(AgentView(None, "unknown", path, error=f"unreadable status file: {reason}"))
             continue
         views.append(AgentView(state, judge_liveness(state, now, _pid_alive(state)), path))
     return views
@@ -229,6 +255,15 @@ def prune(directory: Path | None = None, now: float | None = None, max_age: floa
     now = time.time() if now is None else now
     removed = 0
     for view in collect(directory, now):
+        if view.status is None and (view.path.is_symlink() or not view.path.is_file()):
+            # A link or FIFO under a status file's name: never an agent's (they
+            # write regular files by rename), so it goes.
+            try:
+                view.path.unlink()
+                removed += 1
+            except OSError:
+                pass
+            continue
         if (view.liveness in ("exited", "dead") and view.status is not None
                 and now - view.status.updated_at > max_age):
             try:

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .allocation import check_ray_start_args
+from .shell_check import check_pre_start_commands
 from ..errors import ConfigError
 
 PORT_STRATEGIES = ("random", "hash_jobid", "fixed")
@@ -36,7 +37,8 @@ class RayLauncher:
     job) or ``fixed`` (``head_port`` and Ray's defaults; one Ray node per host,
     so a worker allocation can never host an elected head).
     ``pre_start_commands`` are shell lines run on every node before Ray
-    starts, for example ``export RAY_AUTH_TOKEN=...``.
+    starts, for example ``export RAY_AUTH_TOKEN=...``; bash must parse them
+    (checked here with ``bash -n``) and none may open a here-document.
     """
 
     num_gpus_per_node: int = 0
@@ -79,6 +81,7 @@ class RayLauncher:
             if not isinstance(line, str) or "\n" in line or "\r" in line or "\x00" in line:
                 raise ConfigError(f"pre_start_commands[{index}]", line, "must be one line of shell")
         set_("pre_start_commands", tuple(commands))
+        check_pre_start_commands(self.pre_start_commands)   # bash -n; here-documents refused
         if self.redis_password is not None and (not isinstance(self.redis_password, str)
                                                 or not self.redis_password or "\n" in self.redis_password):
             raise ConfigError("redis_password", "***", "must be a non-empty single-line string")

@@ -7,6 +7,7 @@ agent) sees this directory on a shared filesystem. Layout::
       session.json              immutable after creation (SessionInfo)
       allocation.json           the mutable record (AllocationRecord), changed under a lock
       allocation.json.bak       a copy of the last good record, for repair after outside damage
+      allocation.gen/<n>.json   the record of generation n, created once (the commit point)
       ray_head                  the current head's job id, a bare integer
       jobs/<job>/head.json      a ready head's endpoint (HeadEndpoint)
       jobs/<job>/nodes/<host>.json   each agent's published state (NodeState)
@@ -14,31 +15,88 @@ agent) sees this directory on a shared filesystem. Layout::
       logs/                     agent and job logs
 
 Rules kept here so no caller can forget them: writes are atomic (see
-``atomic``), ``allocation.json`` changes only under a file lock with a
-timeout, every read is validated, and a malformed file is reported, never
-overwritten blindly. The directory is 0700 because it holds the secret.
+``atomic``), ``allocation.json`` changes by compare-and-swap on its
+generation (a file lock only spares writers the retries), every read is
+validated, and a malformed file is reported as CorruptFileError, never
+overwritten blindly. The directory is 0700 and the secret 0600; a secret
+that others can read is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import random
+import re
 import secrets
+import stat
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import ContextManager
 
 import filelock
 
-from ..errors import CorruptFileError, SessionDirError
-from ..atomic import atomic_write_bytes, atomic_write_json, read_bytes_bounded, read_json
+from ..errors import CorruptFileError, SessionDirError, UnsafePathError
+from ..atomic import _fsync_dir, atomic_write_bytes, atomic_write_json, read_bytes_bounded, read_record
 from .records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, check_job_id, is_job_id
 
 log = logging.getLogger(__name__)
 
 SECRET_BYTES = 32
 DEFAULT_LOCK_TIMEOUT = 30.0
+# Generation files kept in allocation.gen/ (see update_allocation). A reader
+# whose copy of allocation.json lags by more than this many updates still
+# finds the newest by listing the directory; the number only bounds clutter.
+KEEP_GENERATIONS = 32
+_GENERATION_NAME = re.compile(r"(0|[1-9][0-9]{0,18})\.json")
+
+
+def _flock(path: Path, timeout: float) -> ContextManager[object]:
+    """The fast path's lock: serialises writers that share working ``flock``.
+
+    Correctness does not rest on it (see ``update_allocation``); a test swaps
+    it for a lock that does not lock, as on Lustre ``localflock``.
+    """
+    return filelock.FileLock(str(path), timeout=timeout)
+
+
+def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _no_hard_links(directory: Path, exc: OSError) -> SessionDirError:
+    return SessionDirError(
+        f"{directory}: the filesystem refused a hard link ({exc.strerror or exc}); a session directory needs "
+        "a POSIX filesystem with hard links and atomic rename (local, NFS, Lustre, GPFS, BeeGFS, CephFS), "
+        "not an object-store or SMB mount")
+
+
+def check_filesystem(directory: Path) -> None:
+    """Refuse a filesystem the session cannot commit on: one without hard
+    links (allocation.json's compare-and-swap creates its generation files by
+    link). Whether flock is cluster-wide cannot be told from one node, and
+    need not be: the compare-and-swap does not depend on it."""
+    fd, probe = tempfile.mkstemp(prefix=".fs-check.", dir=directory)
+    os.close(fd)
+    linked = probe + ".link"
+    try:
+        os.link(probe, linked)
+        if not _same_file(probe, linked):
+            raise SessionDirError(f"{directory}: a hard link did not name the same file; unsupported filesystem")
+    except OSError as exc:
+        raise _no_hard_links(directory, exc) from None
+    finally:
+        for name in (linked, probe):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
 
 
 class SessionDir:
@@ -59,6 +117,13 @@ class SessionDir:
     @property
     def backup_file(self) -> Path:
         return self.path / "allocation.json.bak"
+
+    @property
+    def generation_dir(self) -> Path:
+        return self.path / "allocation.gen"
+
+    def generation_file(self, generation: int) -> Path:
+        return self.generation_dir / f"{generation}.json"
 
     @property
     def lock_file(self) -> Path:
@@ -82,12 +147,33 @@ class SessionDir:
     # ------------------------------------------------------------ create / open
     @classmethod
     def create(cls, path: str | os.PathLike[str], info: SessionInfo) -> "SessionDir":
-        """Create a new session directory. Refuses to reuse one that holds a session."""
+        """Create a new session directory, new or empty.
+
+        A directory that holds anything is refused: files left there (an old
+        session's, or planted by someone) would be trusted as this session's.
+        An existing empty directory must be ours, since we chmod it 0700 and
+        keep the secret in it.
+        """
         session = cls(path)
-        session.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            session.path.mkdir(parents=True, mode=0o700)
+        except FileExistsError:
+            if not session.path.is_dir():
+                raise SessionDirError(f"{session.path} exists and is not a directory") from None
+            if session.session_file.exists():
+                raise SessionDirError(f"{session.path} already holds a session; open it instead") from None
+            entries = sorted(p.name for p in session.path.iterdir())
+            if entries:
+                shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+                raise SessionDirError(
+                    f"{session.path} is not empty ({shown}); a new session needs a new or empty "
+                    "directory") from None
+            owner = session.path.stat().st_uid
+            if owner != os.geteuid():
+                raise UnsafePathError(str(session.path), f"is owned by uid {owner}, not by us (uid {os.geteuid()}); "
+                                      "a session directory must be our own") from None
         os.chmod(session.path, 0o700)
-        if session.session_file.exists():
-            raise SessionDirError(f"{session.path} already holds a session; open it instead")
+        check_filesystem(session.path)
         # Validate what we are about to write by round-tripping it.
         SessionInfo.from_dict(info.to_dict())
         for sub in ("jobs", "logs"):
@@ -107,30 +193,82 @@ class SessionDir:
         return session
 
     def info(self) -> SessionInfo:
+        """session.json, validated. CorruptFileError for any malformed content."""
         try:
-            return SessionInfo.from_dict(read_json(self.session_file))
+            return read_record(self.session_file, SessionInfo.from_dict)
         except FileNotFoundError:
             raise SessionDirError(f"{self.session_file} is missing") from None
-        except ValueError as exc:
-            raise CorruptFileError(str(self.session_file), str(exc)) from None
 
     def secret(self) -> bytes:
-        data = read_bytes_bounded(self.secret_file, 1024)
+        """The control channel key. Refused when group or others could read it:
+        a key that others may have read authenticates nobody."""
+        path = self.secret_file
+        data = read_bytes_bounded(path, 1024)
+        mode = stat.S_IMODE(os.stat(path, follow_symlinks=False).st_mode)
+        if mode & 0o077:
+            raise UnsafePathError(str(path), f"has mode {mode:04o}, readable by group or others; "
+                                  f"the key must be private: run chmod 600 {path}")
         if len(data) < 16:
-            raise CorruptFileError(str(self.secret_file), "too short to be a session key")
+            raise CorruptFileError(str(path), "too short to be a session key")
         return data
 
     # ------------------------------------------------------------ allocation.json
-    def read_allocation(self) -> AllocationRecord:
-        """The current record. Raises CorruptFileError if it is damaged."""
+    #
+    # Why not a lock alone: flock is node-local on some cluster filesystems
+    # (Lustre mounted with localflock, BeeGFS without global locks, NFS
+    # without a lock manager), so two nodes can both "hold" it and the later
+    # rename silently drops the earlier update. Correctness rests instead on
+    # one operation every POSIX filesystem makes atomic, also across nodes:
+    # creating a name that must not exist yet. Each update is committed by
+    # hard-linking its fully written record to allocation.gen/<n>.json, where
+    # n is the generation it was computed from plus one; of two writers that
+    # read the same generation exactly one link succeeds, the other re-reads
+    # and computes its change again. allocation.json is then replaced by the
+    # same record, a copy for people and older readers that may lag behind
+    # the newest generation file for a moment (or for good, if the writer
+    # died in between); readers therefore move forward to the newest
+    # generation file. The flock stays as a fast path: where it works,
+    # writers never collide and never retry.
+
+    def _read_mirror(self) -> AllocationRecord:
         try:
-            raw = read_json(self.allocation_file)
+            return read_record(self.allocation_file, AllocationRecord.from_dict)
         except FileNotFoundError:
             raise CorruptFileError(str(self.allocation_file), "missing") from None
+
+    def _generations(self) -> list[int]:
         try:
-            return AllocationRecord.from_dict(raw)
-        except ValueError as exc:
-            raise CorruptFileError(str(self.allocation_file), str(exc)) from None
+            names = os.listdir(self.generation_dir)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for name in names if (m := _GENERATION_NAME.fullmatch(name)))
+
+    def _read_generation(self, generation: int) -> AllocationRecord:
+        path = self.generation_file(generation)
+        record = read_record(path, AllocationRecord.from_dict)
+        if record.generation != generation:
+            raise CorruptFileError(str(path), f"holds generation {record.generation}, not {generation}")
+        return record
+
+    def read_allocation(self) -> AllocationRecord:
+        """The current record. Raises CorruptFileError if it is damaged.
+
+        Starts from allocation.json and moves forward to the newest committed
+        generation (listing allocation.gen/, then probing past the listing,
+        which a client cache may show stale).
+        """
+        for _ in range(10):
+            record = self._read_mirror()
+            newest = max([record.generation, *self._generations()])
+            while self.generation_file(newest + 1).exists():
+                newest += 1
+            if newest == record.generation:
+                return record
+            try:
+                return self._read_generation(newest)
+            except FileNotFoundError:
+                continue   # pruned by a writer meanwhile: look again
+        raise SessionDirError(f"{self.allocation_file}: the record kept changing while read; try again")
 
     def update_allocation(
         self,
@@ -138,53 +276,125 @@ class SessionDir:
         *,
         timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> AllocationRecord:
-        """Read, change and write allocation.json under the lock.
+        """Read, change and write allocation.json by compare-and-swap on its generation.
 
-        ``change`` must be a pure function of the record (it may be called
-        only once, but must not have side effects that matter if the write
-        fails). Returning the same object writes nothing. A damaged record is
-        not overwritten: CorruptFileError is raised and the damaged file is
-        left in place for ``restore_allocation_backup`` or a human.
+        ``change`` must be a pure function of the record: when another writer
+        commits first, it is called again on the newer record. Returning the
+        same object writes nothing. A damaged record is not overwritten:
+        CorruptFileError is raised and the damaged file is left in place for
+        ``restore_allocation_backup`` or a human.
         """
-        lock = filelock.FileLock(str(self.lock_file), timeout=timeout)
+        deadline = time.monotonic() + timeout
         try:
-            with lock:
-                current = self.read_allocation()
-                updated = change(current)
-                if updated is current:
-                    return current
-                if not isinstance(updated, AllocationRecord):
-                    raise TypeError("the change function must return an AllocationRecord")
-                updated = replace(updated, generation=current.generation + 1)
-                # Round-trip through the validator: never write what we could not read back.
-                AllocationRecord.from_dict(updated.to_dict())
-                atomic_write_json(self.allocation_file, updated.to_dict())
-                # The backup mirrors the last good record; if we die between the
-                # two writes it lags by one update, which repair can live with.
-                atomic_write_json(self.backup_file, updated.to_dict())
-                return updated
+            with _flock(self.lock_file, timeout):
+                attempt = 0
+                while True:
+                    attempt += 1
+                    current = self.read_allocation()
+                    updated = change(current)
+                    if updated is current:
+                        return current
+                    if not isinstance(updated, AllocationRecord):
+                        raise TypeError("the change function must return an AllocationRecord")
+                    updated = replace(updated, generation=current.generation + 1)
+                    # Round-trip through the validator: never write what we could not read back.
+                    AllocationRecord.from_dict(updated.to_dict())
+                    if self._commit(updated):
+                        return updated
+                    if time.monotonic() > deadline:
+                        raise SessionDirError(
+                            f"could not update {self.allocation_file} within {timeout:.0f}s: other writers "
+                            f"committed first {attempt} times")
+                    time.sleep(random.uniform(0.001, 0.02) * min(attempt, 10))
         except filelock.Timeout:
             raise SessionDirError(
                 f"could not lock {self.allocation_file} within {timeout:.0f}s; "
                 f"another process holds {self.lock_file}") from None
 
+    def _commit(self, record: AllocationRecord) -> bool:
+        """Commit ``record`` as its generation; False if another writer did first."""
+        text = json.dumps(record.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
+        self.generation_dir.mkdir(mode=0o700, exist_ok=True)
+        # The temporary file lives next to its link: some filesystems (older
+        # BeeGFS) make hard links only within one directory.
+        fd, tmp_name = tempfile.mkstemp(prefix=".allocation.", suffix=".tmp", dir=self.generation_dir)
+        try:
+            try:
+                os.fchmod(fd, 0o600)
+                view = memoryview(text.encode("utf-8"))
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            target = self.generation_file(record.generation)
+            try:
+                os.link(tmp_name, target)
+            except FileExistsError:
+                # Over NFS a LINK retransmitted after a lost reply answers
+                # "exists" for our own link: the inode tells.
+                if not _same_file(tmp_name, target):
+                    return False
+            except OSError as exc:
+                raise _no_hard_links(self.generation_dir, exc) from None
+            _fsync_dir(self.generation_dir)
+            # Committed. The copy may only lag, never go back: skip it when a
+            # newer generation is already there (its writer puts its own).
+            if not self.generation_file(record.generation + 1).exists():
+                os.replace(tmp_name, self.allocation_file)
+                _fsync_dir(self.path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp_name)
+        # The backup mirrors the last good record; if we die between the
+        # writes it lags, which repair can live with.
+        atomic_write_json(self.backup_file, record.to_dict())
+        self._prune_generations(record.generation)
+        return True
+
+    def _prune_generations(self, newest: int) -> None:
+        for generation in self._generations():
+            if generation <= newest - KEEP_GENERATIONS:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.generation_file(generation))
+
     def restore_allocation_backup(self) -> AllocationRecord:
         """Put the last good record back after allocation.json was damaged.
 
-        The damaged file is kept next to it as ``allocation.json.corrupt-<time>``.
+        The newest record that still reads well (a generation file, else
+        allocation.json.bak) is committed again as a new generation, so
+        writers continue from it. The damaged file is kept next to it as
+        ``allocation.json.corrupt-<time>``.
         """
-        lock = filelock.FileLock(str(self.lock_file), timeout=DEFAULT_LOCK_TIMEOUT)
-        with lock:
+        with _flock(self.lock_file, DEFAULT_LOCK_TIMEOUT):
+            kept = self._generations()
+            good: AllocationRecord | None = None
+            for generation in reversed(kept):
+                try:
+                    good = self._read_generation(generation)
+                    break
+                except (OSError, CorruptFileError):
+                    continue
             try:
-                backup = AllocationRecord.from_dict(read_json(self.backup_file))
-            except (FileNotFoundError, ValueError) as exc:
-                raise CorruptFileError(str(self.backup_file), f"no usable backup ({exc})") from None
+                backup = read_record(self.backup_file, AllocationRecord.from_dict)
+            except (FileNotFoundError, CorruptFileError) as exc:
+                if good is None:
+                    raise CorruptFileError(str(self.backup_file), f"no usable backup ({exc})") from None
+            else:
+                if good is None or backup.generation > good.generation:
+                    good = backup
             if self.allocation_file.exists():
                 aside = self.path / f"allocation.json.corrupt-{int(time.time())}"
                 os.replace(self.allocation_file, aside)
                 log.warning("event=allocation_restored damaged=%s", aside)
-            atomic_write_json(self.allocation_file, backup.to_dict())
-            return backup
+            # Numbered past every generation ever committed, so no writer's
+            # compare-and-swap can collide with a damaged one.
+            restored = replace(good, generation=max([good.generation, *kept]) + 1)
+            while not self._commit(restored):
+                restored = replace(restored, generation=restored.generation + 1)
+            if not self.allocation_file.exists():
+                atomic_write_json(self.allocation_file, restored.to_dict())
+            return restored
 
     # ------------------------------------------------------------ ray_head pointer
     def read_ray_head(self) -> str | None:
@@ -220,10 +430,10 @@ class SessionDir:
         """The endpoint of a ready head, None if not (yet) published or damaged."""
         path = self.job_dir(job_id) / "head.json"
         try:
-            return HeadEndpoint.from_dict(read_json(path))
+            return read_record(path, HeadEndpoint.from_dict)
         except FileNotFoundError:
             return None
-        except (ValueError, CorruptFileError) as exc:
+        except (OSError, CorruptFileError) as exc:
             log.warning("event=head_endpoint_invalid path=%s reason=%s", path, exc)
             return None
 
@@ -253,10 +463,10 @@ class SessionDir:
             return states
         for path in entries:
             try:
-                state = NodeState.from_dict(read_json(path))
+                state = read_record(path, NodeState.from_dict)
                 if state.job_id != job_id or state.node != path.stem:
-                    raise ValueError(f"holds job {state.job_id} node {state.node}")
-            except (OSError, CorruptFileError, ValueError) as exc:
+                    raise CorruptFileError(str(path), f"holds job {state.job_id} node {state.node}")
+            except (OSError, CorruptFileError) as exc:
                 log.warning("event=node_state_invalid path=%s reason=%s", path, exc)
                 continue
             states[path.stem] = state
