@@ -397,6 +397,8 @@ def ours_run(index: int, base: Path) -> dict[str, Any]:
         session = Session.create(path / "session", scheduler="slurm", head=HEAD,
                                  launcher=RayLauncher(object_store_memory=OBJECT_STORE), supervise=True)
         _sessions.append(session)
+        # Token auth is on: the GCS probes below inherit the session's settings.
+        os.environ.update(session.ray_client_env())
         session.wait_for_head(timeout=START_TIMEOUT)
         t_head = time.time()
         worker = session.add_worker_allocation(WORKER)

@@ -132,7 +132,7 @@ class LabRun:
         return wait_until(ended, timeout, 0.5, f"job {job} to end")
 
     def gcs_nodes(self, address: str | None = None) -> list[gcs.NodeRecord]:
-        return gcs.list_nodes(address or self.address, timeout=20)
+        return gcs.list_nodes(address or self.address, timeout=20, env=self.session.ray_client_env())
 
     # -------------------------------------------------------------- running things on nodes
     def driver(self, mode: str, args: dict[str, Any], timeout: float = 180) -> dict[str, Any]:
@@ -150,7 +150,9 @@ class LabRun:
                 PY, str(DRIVER), mode, json.dumps(args)]
 
     def _driver_env(self) -> dict[str, str]:
-        return dict(os.environ, RAY_ADDRESS=self.address, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+        # Token auth is on: the driver needs the session's RAY_AUTH_MODE and token file.
+        return dict(os.environ, RAY_ADDRESS=self.address, RAY_USAGE_STATS_ENABLED="0",
+                    **self.session.ray_client_env())
 
 
 def srun_in(job: str, node: str, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:

@@ -50,8 +50,9 @@ print(json.dumps({"total": ray.cluster_resources(),
 NO_SUPERVISOR = {"supervise": False} if "supervise" in inspect.signature(Session.create).parameters else {}
 
 
-def driver(address: str, code: str = DRIVER, timeout: float = 90) -> dict:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+def driver(address: str, session: Session, code: str = DRIVER, timeout: float = 90) -> dict:
+    """A Ray client of the session's cluster (token auth is on: it needs the session's settings)."""
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **session.ray_client_env())
     out = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True,
                          timeout=timeout, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -91,7 +92,7 @@ def test_cpu_head_and_a_gpu_worker_allocation(session_factory):
         ray_resources={"accelerator:a40": 1}))
     nodes = session.wait_for_worker_allocation(worker, timeout=90)
     assert list(nodes) == ["gpua-1"]
-    seen = driver(address)
+    seen = driver(address, session)
     total = seen["total"]
     # The head advertises nothing; the worker has what Slurm granted.
     assert total["CPU"] == 2 and total["GPU"] == 2
@@ -299,7 +300,7 @@ def test_ten_thousand_hostile_frames_change_nothing_and_the_agent_still_answers(
     assert after["state"] == "JOINED" and after["node_id"] == before["node_id"]
     assert psutil.pid_exists(before["pid"])
     address = session.dir.read_head_endpoint(before["head_job"]).address
-    assert gcs.node_alive(address, before["node_id"], timeout=20)
+    assert gcs.node_alive(address, before["node_id"], timeout=20, env=session.ray_client_env())
     print(f"\nfuzz against agent {worker.job_id} ({endpoint}): {FUZZ_FRAMES} frames, {delivered} delivered "
           f"and rejected, {dropped} dropped by libzmq (part > 64 KiB), 0 accepted; sent in {sent:.1f} s; "
           f"rejections by reason {dict(sorted((k, v - first['rejected_by_reason'].get(k, 0)) for k, v in counts['rejected_by_reason'].items()))}")
@@ -408,7 +409,7 @@ def test_a_worker_hosts_a_head_and_its_own_node_follows_it(session_factory):
     state = wait_until(lambda: (s := one_state(session, worker.job_id)).get("state") == "JOINED"
                        and s.get("head_job") == worker.job_id and s.get("node_id") != nodes["gpua-1"] and s,
                        60, 0.2, "the host's own node to join its hosted head")
-    seen = driver(endpoint.address)
+    seen = driver(endpoint.address, session)
     total = seen["total"]
     assert total["CPU"] == 2 and total["GPU"] == 1, total          # the hosted head adds none
     assert state["node_id"] in {n["NodeID"] for n in seen["nodes"]}

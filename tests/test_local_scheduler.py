@@ -448,6 +448,7 @@ def test_node_environment():
     assert env["SLURM_JOB_NODELIST"] == "gpua-1" and env["SLURM_NNODES"] == "1"
     assert env["SLURM_NODEID"] == "0" and env["SLURMD_NODENAME"] == "gpua-1"
     assert env["SLURM_CPUS_ON_NODE"] == "3" and env["SLURM_JOB_PARTITION"] == "gpu-a"
+    assert env["SLURM_MEM_PER_NODE"] == "768"       # what the node holds, as --mem gives it
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["SLURM_GPUS_ON_NODE"] == "2"
     assert env["ELASTIC_RAY_NODE_IP"] == "127.0.0.13"
 

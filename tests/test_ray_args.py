@@ -190,6 +190,7 @@ def test_job_number():
 
 LAUNCHER = RayLauncher()
 TEMP = "/tmp/er-t/j1-w"
+TOKEN = "/s/session/ray_token"
 
 
 def _cmd(role="worker", *, launcher=LAUNCHER, allocation=None, ports=None, **kw) -> RayStartCommand:
@@ -200,6 +201,7 @@ def _cmd(role="worker", *, launcher=LAUNCHER, allocation=None, ports=None, **kw)
     kw.setdefault("temp_dir", TEMP)
     if role == "worker":
         kw.setdefault("head_address", "127.0.0.2:6390")
+    kw.setdefault("token_path", TOKEN)
     return build_ray_start(role, launcher=launcher, allocation=allocation, ports=ports,
                            ray_executable="/x/bin/ray", **kw)
 
@@ -248,7 +250,9 @@ def test_head_launcher_settings():
     opts = _opts(cmd)
     assert opts["include-dashboard"] == "true"
     assert opts["object-store-memory"] == "100000000"
-    assert opts["redis-password"] == "pw"
+    # Never on a command line (Ray would pass it on to gcs_server's argv).
+    assert "redis-password" not in opts and not any("pw" in a for a in cmd.argv)
+    assert "pw" not in cmd.env.values()
     assert opts["memory"] == "2000000000"
     assert opts["labels"] == "elastic-ray.role=head"
     # The head advertises no CPU even if the launcher's shared args ask for some...
@@ -349,12 +353,18 @@ def test_merge_options():
 @pytest.mark.parametrize("role", ["head", "worker"])
 @pytest.mark.parametrize("auth", ["disabled", "token"])
 def test_environment(role, auth):
-    launcher = RayLauncher(auth_mode=auth, env={"RAY_AUTH_TOKEN_PATH": "/s/tok", "OMP_NUM_THREADS": "1"})
-    env = _cmd(role, launcher=launcher).env
+    launcher = RayLauncher(auth_mode=auth, env={"OMP_NUM_THREADS": "1"})
+    cmd = _cmd(role, launcher=launcher)
+    env = cmd.env
     assert env["RAY_AUTH_MODE"] == auth
     assert env["RAY_USAGE_STATS_ENABLED"] == "0"
     assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
-    assert env["RAY_AUTH_TOKEN_PATH"] == "/s/tok" and env["OMP_NUM_THREADS"] == "1"
+    assert env["OMP_NUM_THREADS"] == "1"
+    # The token file's path travels in the environment (token mode only);
+    # an inherited RAY_AUTH_TOKEN is removed, since Ray would prefer it.
+    assert env.get("RAY_AUTH_TOKEN_PATH") == (TOKEN if auth == "token" else None)
+    assert "RAY_AUTH_TOKEN" not in env and "RAY_AUTH_TOKEN" in cmd.unset_env
+    assert not any("ray_token" in a or "auth" in a for a in cmd.argv)
     if role == "worker":
         assert env["RAY_gcs_rpc_server_reconnect_timeout_s"] == "10"
         assert 1 <= int(env["RAY_gcs_server_port_wait_time_s"]) <= 10
@@ -377,6 +387,9 @@ def test_environment(role, auth):
     ("worker", {"num_cpus": 2.5}, "num_cpus"),
     ("worker", {"num_gpus": -2}, "num_gpus"),
     ("worker", {"memory_bytes": 0}, "memory_bytes"),
+    ("worker", {"object_store_bytes": 0}, "object_store_bytes"),
+    ("worker", {"token_path": None}, "token_path"),
+    ("head", {"token_path": "relative/ray_token"}, "token_path"),
     ("worker", {"labels": {"a,b": "1"}}, "label key"),
     ("worker", {"labels": {"k": "x=y"}}, "label k"),
     ("worker", {"labels": {"k": "a" * 64}}, "label k"),
@@ -428,7 +441,7 @@ def test_slurm_facts(environ, cpus, mem):
 def test_ray_executable_is_next_to_this_python():
     assert default_ray_executable() == str(Path(sys.executable).parent / "ray")
     cmd = build_ray_start("worker", job_id="1", node_ip="127.0.0.3", temp_dir=TEMP, launcher=LAUNCHER,
-                          head_address="127.0.0.2:1234", ports={})
+                          head_address="127.0.0.2:1234", ports={}, token_path=TOKEN)
     assert cmd.argv[0] == default_ray_executable()
 
 

@@ -30,7 +30,9 @@ from elastic_ray.config.launcher import RayLauncher
 from tests.helpers import stays, wait_until
 
 TEMP_ROOT = "/tmp/er-t"
-LAUNCHER = RayLauncher(object_store_memory=100_000_000)   # 30 % of RAM per node otherwise
+# 30 % of RAM per node otherwise. Auth is off here: these tests are about the
+# node's processes; token auth has its own test below and in test_ray_auth_local.
+LAUNCHER = RayLauncher(object_store_memory=100_000_000, auth_mode="disabled")
 ALLOCATION = SlurmWorkerAllocationConfig(ray_resources={"accelerator:test": 1}, gpus_per_node=2)
 START_TIMEOUT = 90.0
 
@@ -335,14 +337,17 @@ def test_stop_while_starting(cluster, own_nodes):
 def test_token_auth_head_and_probe(temp_root, own_nodes):
     """RAY_AUTH_MODE is explicit on every process; a probe without the token says `auth`, not `unreachable`."""
     token = secrets.token_hex(32)
-    launcher = RayLauncher(object_store_memory=100_000_000, auth_mode="token", env={"RAY_AUTH_TOKEN": token})
+    token_path = os.path.join(temp_root, "ray_token")
+    with open(os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+        handle.write(token)
+    launcher = RayLauncher(object_store_memory=100_000_000, auth_mode="token")
     temp_dir = os.path.join(temp_root, "ht")
     cmd = build_ray_start("head", job_id="105", node_ip="127.0.0.8", temp_dir=temp_dir, launcher=launcher,
-                          ports=choose_ports("random", "105", "head", free_port))
-    assert cmd.env["RAY_AUTH_MODE"] == "token"
+                          ports=choose_ports("random", "105", "head", free_port), token_path=token_path)
+    assert cmd.env["RAY_AUTH_MODE"] == "token" and cmd.env["RAY_AUTH_TOKEN_PATH"] == token_path
     node = RayNode.start(cmd, os.path.join(temp_root, "ht.log"))
     own_nodes.started.append(node)
-    with_token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    with_token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}
     wait_until(lambda: gcs.gcs_ready(cmd.gcs_address, 5, env=with_token) is not None, 60, 0.2,
                "the GCS to answer with the token")
     home = {"HOME": temp_root}          # no ~/.ray/auth_token to fall back on

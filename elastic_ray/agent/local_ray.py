@@ -43,7 +43,8 @@ from ..config.launcher import RayLauncher
 from . import gcs
 from .machine import DrainRay
 from .private_dirs import LEGACY_TEMP_ROOT, ensure_private_dir, remove_path, sweep_temp_roots, user_temp_root
-from .ray_args import build_ray_start, choose_ports, slurm_cpus_on_node, slurm_memory_bytes, worker_gpus
+from .ray_args import build_ray_start, choose_ports, slurm_cpus_on_node, worker_gpus
+from .ray_memory import MemoryPlan, plan_memory, read_cgroup_limit, shm_free_bytes
 from .ray_node import RayNode, free_port
 
 log = logging.getLogger("elastic_ray.agent")
@@ -75,10 +76,12 @@ class NodePlace:
 
 class LocalRay:
     def __init__(self, place: NodePlace, launcher: RayLauncher,
-                 allocation: SlurmRunAllocationConfig | SlurmWorkerAllocationConfig, log: Callable[..., None]):
+                 allocation: SlurmRunAllocationConfig | SlurmWorkerAllocationConfig, log: Callable[..., None],
+                 token_path: str | None = None):
         self.place = place
         self.launcher = launcher
         self.allocation = allocation
+        self.token_path = token_path
         self._log = log
         self.lock = threading.Lock()
         self.generation = 0
@@ -120,17 +123,21 @@ class LocalRay:
         self._make_temp_dir(temp_dir)
         ports = choose_ports(self.launcher.port_strategy, p.job_id, role, free_port, head_port=self.launcher.head_port)
         labels = {"slurm.job-id": p.job_id, "slurm.node": p.node}
-        memory = slurm_memory_bytes(os.environ)
+        alloc = self.allocation if isinstance(self.allocation, SlurmWorkerAllocationConfig) else None
+        plan = self.memory_plan(role, hosted)
         if role == "head":
             cmd = build_ray_start("head", job_id=p.job_id, node_ip=p.node_ip, temp_dir=temp_dir,
-                                  launcher=self.launcher, ports=ports, memory_bytes=memory, labels=labels)
+                                  launcher=self.launcher, ports=ports, memory_bytes=plan.memory,
+                                  object_store_bytes=plan.object_store, labels=labels, token_path=self.token_path)
         else:
-            alloc = self.allocation if isinstance(self.allocation, SlurmWorkerAllocationConfig) else None
             cmd = build_ray_start(
                 "worker", job_id=p.job_id, node_ip=p.node_ip, temp_dir=temp_dir, launcher=self.launcher,
                 ports=ports, allocation=alloc, head_address=head_address,
                 num_cpus=slurm_cpus_on_node(os.environ) or 1, num_gpus=worker_gpus(self.launcher, alloc),
-                memory_bytes=memory, labels=labels)
+                memory_bytes=plan.memory, object_store_bytes=plan.object_store, labels=labels,
+                token_path=self.token_path)
+        self._log("ray_memory", role=role, hosted=hosted, grant=plan.grant, source=plan.source, share=plan.share,
+                  memory=plan.memory, object_store=plan.object_store)
         log_path = p.log_dir / f"ray-{p.job_id}-{p.node}-{role}{'-hosted' if hosted else ''}.log"
         started = time.time()
         node = RayNode.start(cmd, log_path)
@@ -150,6 +157,21 @@ class LocalRay:
             self.stop(handle, graceful=False)
             return None
         return handle
+
+    def memory_plan(self, role: str, hosted: bool) -> MemoryPlan:
+        """This node's memory options from what Slurm (and the cgroup) granted.
+
+        The first node of a worker allocation that may host an elected head
+        splits its grant between that head and its own worker, from the
+        worker's first start on (see :mod:`.ray_memory`).
+        """
+        alloc = self.allocation if isinstance(self.allocation, SlurmWorkerAllocationConfig) else None
+        may_host = alloc is not None and self.place.node_index == 0 and self.launcher.can_host_elected_head
+        share = "hosted_head" if hosted else "worker_beside_head" if may_host and role == "worker" else "whole"
+        user_args = [*self.launcher.ray_start_args, *(alloc.ray_start_args if alloc and role == "worker" else ())]
+        return plan_memory(os.environ, cgroup_limit=read_cgroup_limit(), shm_free=shm_free_bytes(),
+                           launcher_object_store=self.launcher.object_store_memory, user_args=user_args,
+                           share=share)
 
     def stop(self, handle: RayHandle, graceful: bool) -> None:
         report = handle.node.stop(grace=5.0) if graceful else handle.node.kill()

@@ -68,6 +68,7 @@ from pathlib import Path
 
 from ..config import SlurmWorkerAllocationConfig
 from ..config.launcher import PORT_STRATEGIES, RayLauncher
+from ..ray_auth import SCRUBBED_ENV, ray_auth_env
 
 ROLES = ("head", "worker")
 
@@ -295,7 +296,7 @@ class RayStartCommand:
 
     ``env`` holds only what the agent adds; the process inherits the agent's
     own environment underneath it (Slurm's variables, ``pre_start_commands``
-    exports such as ``RAY_AUTH_TOKEN``), and ``env`` wins over it.
+    exports), minus ``unset_env``, and ``env`` wins over it.
     """
 
     argv: tuple[str, ...]
@@ -304,6 +305,7 @@ class RayStartCommand:
     temp_dir: str
     node_ip: str
     ports: dict[str, int]
+    unset_env: tuple[str, ...] = SCRUBBED_ENV
 
     @property
     def gcs_address(self) -> str | None:
@@ -408,8 +410,10 @@ def build_ray_start(
     num_cpus: int | None = None,
     num_gpus: int | None = None,
     memory_bytes: int | None = None,
+    object_store_bytes: int | None = None,
     labels: Mapping[str, str] | None = None,
     ray_executable: str | None = None,
+    token_path: str | None = None,
 ) -> RayStartCommand:
     """The ``ray start --block`` command of one node.
 
@@ -431,8 +435,11 @@ def build_ray_start(
     one session, so the agent can find and stop all of them), an explicit
     ``--node-ip-address`` and per-node ``--temp-dir`` (the GCS records the
     raylet socket under it, which is how an agent finds its own node id).
+    Authentication travels in ``env`` only (:func:`elastic_ray.ray_auth.ray_auth_env`;
+    ``token_path`` is required in token mode), never in ``argv``.
     """
     _check_role(role)
+    auth_env = ray_auth_env(launcher.auth_mode, token_path)
     node_ip = _check_ip(node_ip)
     temp_dir = check_temp_dir(temp_dir)
     if labels is not None and not isinstance(labels, Mapping):
@@ -472,12 +479,13 @@ def build_ray_start(
         if allocation is not None:
             user.append(allocation.ray_start_args)
     agent += port_args
-    if launcher.object_store_memory is not None:
-        agent.append(f"--object-store-memory={launcher.object_store_memory}")
-    if launcher.redis_password is not None:
-        # Only meaningful with an external Redis (GCS fault tolerance), but
-        # given to every node so a Redis-backed head is joined the same way.
-        agent.append(f"--redis-password={launcher.redis_password}")
+    store = object_store_bytes if object_store_bytes is not None else launcher.object_store_memory
+    if store is not None:
+        agent.append(f"--object-store-memory={_positive('object_store_bytes', store)}")
+    # launcher.redis_password is never passed: Ray hands it on to its
+    # gcs_server and worker command lines (argv, readable by every user of
+    # the node) whichever way it gets it, and it only guards an external
+    # Redis, which we do not set up. Token auth protects the cluster.
     agent.append("--disable-usage-stats")
     # Plain text in the node's log file (Ray colours it even when not a tty).
     agent.append("--log-color=false")
@@ -486,7 +494,7 @@ def build_ray_start(
     env.update(BASE_ENV)
     # Always explicit: with RAY_AUTH_MODE unset, a head whose $HOME holds
     # ~/.ray/auth_token turns token auth on by itself, and workers do not.
-    env["RAY_AUTH_MODE"] = launcher.auth_mode
+    env.update(auth_env)
     if role == "worker":
         env.update(WORKER_ENV)
     env.update(port_env)

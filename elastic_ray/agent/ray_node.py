@@ -117,7 +117,7 @@ class RayNode:
         with ``cmd.env`` on top.
         """
         env = dict(os.environ if base_env is None else base_env)
-        for key in _SCRUB_ENV:
+        for key in (*_SCRUB_ENV, *cmd.unset_env):
             env.pop(key, None)
         env.update(cmd.env)
         Path(cmd.temp_dir).mkdir(parents=True, exist_ok=True)

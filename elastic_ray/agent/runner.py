@@ -54,6 +54,7 @@ from ..protocol.channel import ControlServer
 from ..protocol.records import AgentState, NodeState, RequestCounts, Transition
 from ..protocol.records import HostedHead as HostedHeadRecord
 from ..protocol.session_dir import SessionDir
+from ..ray_auth import apply_auth_env, launcher_warnings
 from . import join
 from .following import HeadFollower
 from .hosted import HostSettings
@@ -94,6 +95,7 @@ class Agent:
         self.info = self.session.info()
         self.secret = self.session.secret()
         self.launcher = RayLauncher.from_dict(self.info.launcher)
+        self.token_path = self._set_up_ray_auth()
         self.allocation = load_allocation(options, self.info)
         rejoin = getattr(self.allocation, "rejoin_timeout", 600.0)
         self.settings = Settings(role=options.role, rejoin_timeout=rejoin, backoff_base=options.backoff_base,
@@ -104,7 +106,7 @@ class Agent:
         self.ctx: Context
         place = NodePlace(options.job_id, options.node, options.node_ip, options.node_index, self.info.session_id,
                           self.session.log_dir)
-        self.local = LocalRay(place, self.launcher, self.allocation, self._log)
+        self.local = LocalRay(place, self.launcher, self.allocation, self._log, token_path=self.token_path)
         # Private per-user directories, checked before anything runs: one that
         # is not ours alone stops the agent here with a clear error.
         self.local.prepare()
@@ -149,6 +151,19 @@ class Agent:
         return (handover.code, handover.deadline) if handover else None
 
     # ------------------------------------------------------------ setup
+    def _set_up_ray_auth(self) -> str | None:
+        """Put the session's Ray auth settings into this process's environment.
+
+        Every child inherits them: the GCS probes (which must be accepted by
+        a token-auth GCS) and ``ray start`` (whose command sets them again,
+        explicitly). The token file path, never the token, is what travels.
+        """
+        auth = self.session.ray_auth_env(self.launcher.auth_mode)
+        apply_auth_env(os.environ, auth)
+        for event, text in launcher_warnings(self.launcher.auth_mode, self.launcher.redis_password):
+            log.warning("event=%s job=%s node=%s %s", event, self.o.job_id, self.o.node, text)
+        return auth.get("RAY_AUTH_TOKEN_PATH")
+
     def _log(self, event: str, **fields: Any) -> None:
         state = self.ctx.state.value if hasattr(self, "ctx") else "-"
         extra = " ".join(f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}" for k, v in fields.items())

@@ -22,7 +22,10 @@ AUTH_MODES = ("disabled", "token")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Environment the agent sets itself; a launcher value would be overwritten
 # or, worse, would break the agent's control of Ray.
-AGENT_OWNED_ENV = frozenset({"RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED",
+# RAY_AUTH_TOKEN(_PATH): the session's token reaches Ray through a file the
+# agent points to (see elastic_ray.ray_auth); a second token would shadow it.
+AGENT_OWNED_ENV = frozenset({"RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+                             "RAY_USAGE_STATS_ENABLED",
                              "RAY_gcs_rpc_server_reconnect_timeout_s", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"})
 
 
@@ -37,8 +40,15 @@ class RayLauncher:
     job) or ``fixed`` (``head_port`` and Ray's defaults; one Ray node per host,
     so a worker allocation can never host an elected head).
     ``pre_start_commands`` are shell lines run on every node before Ray
-    starts, for example ``export RAY_AUTH_TOKEN=...``; bash must parse them
-    (checked here with ``bash -n``) and none may open a here-document.
+    starts (module loads, exports); bash must parse them (checked here with
+    ``bash -n``) and none may open a here-document.
+
+    ``auth_mode``: ``token`` (the default) runs every Ray process of the run
+    with Ray's token authentication, the token derived from the session
+    secret (``elastic_ray.ray_auth``); ``disabled`` lets anyone who reaches
+    the nodes' Ray ports run code, and is logged as a warning.
+    ``redis_password`` is accepted for old configurations but never passed
+    to Ray (Ray would put it on command lines); setting it logs a warning.
     """
 
     num_gpus_per_node: int = 0
@@ -47,7 +57,7 @@ class RayLauncher:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     pre_start_commands: tuple[str, ...] = ()
     redis_password: str | None = None
-    auth_mode: str = "disabled"
+    auth_mode: str = "token"
     ray_start_args: tuple[str, ...] = ()
     include_dashboard: bool = False
     object_store_memory: int | None = None

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ..errors import ElasticRayError, SlurmAllocationEnded, SlurmStepDrained
 from ..polling import wait_for
+from ..ray_auth import apply_auth_env
 from .ports import DriverSession, HeadRef
 
 log = logging.getLogger("elastic_ray.coordinator")
@@ -70,9 +71,12 @@ class PayloadRun:
         self.argv = list(argv)
         full_env = dict(os.environ)
         full_env.update(env or {})
+        # The run's auth settings win over the caller's: a driver with another
+        # mode or token would be refused by the head (or, worse, a stale
+        # RAY_AUTH_TOKEN would shadow the session's token file).
+        apply_auth_env(full_env, session.ray_client_env())
         full_env.update({"RAY_ADDRESS": head.address, "ELASTIC_RAY_SESSION": str(session.path),
                          "ELASTIC_RAY_HEAD_JOB": head.job_id, "RAY_USAGE_STATS_ENABLED": "0"})
-        full_env.setdefault("RAY_AUTH_MODE", session.launcher.auth_mode)
         self.started = time.time()
         self.proc = subprocess.Popen(driver_argv(session.info.scheduler["kind"], head.job_id, self.argv),
                                      env=full_env, stdout=stdout, stderr=stderr, start_new_session=True)

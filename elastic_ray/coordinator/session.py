@@ -33,6 +33,7 @@ from ..protocol.channel import ControlClient, ControlError
 from ..protocol.records import AgentState, NodeState
 from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
 from ..protocol.session_dir import SessionDir
+from ..ray_auth import launcher_warnings
 from ..scheduler.base import JobInfo, JobState, Scheduler, current_user
 from ..scheduler.factory import make_scheduler
 from . import election, submit
@@ -151,6 +152,8 @@ class Session:
         if worker_allocation is not None and not isinstance(worker_allocation, SlurmWorkerAllocationConfig):
             raise ConfigError("worker_allocation", worker_allocation, "must be a SlurmWorkerAllocationConfig")
         launcher = launcher or RayLauncher()
+        for event, text in launcher_warnings(launcher.auth_mode, launcher.redis_password):
+            log.warning("event=%s %s", event, text)
         if ray_head_only:
             head = resolve_head_config(head)
         elif not launcher.can_host_elected_head:
@@ -465,6 +468,10 @@ class Session:
         return final
 
     # ------------------------------------------------------------ payload drivers
+    def ray_client_env(self) -> dict[str, str]:
+        """What any Ray client of this run needs besides ``RAY_ADDRESS``: its auth settings (``ray_auth``)."""
+        return self.dir.ray_auth_env(self.launcher.auth_mode)
+
     def run(self, argv: list[str], *, env: Mapping[str, str] | None = None, head: Head | None = None,
             stdout=None, stderr=None) -> "PayloadRun":
         """Start a payload driver next to the head, with RAY_ADDRESS set.

@@ -12,6 +12,7 @@ agent) sees this directory on a shared filesystem. Layout::
       jobs/<job>/head.json      a ready head's endpoint (HeadEndpoint)
       jobs/<job>/nodes/<host>.json   each agent's published state (NodeState)
       secret                    the control channel key (0600)
+      ray_token                 Ray's auth token, derived from the secret (0600; see ray_auth)
       logs/                     agent and job logs
 
 Rules kept here so no caller can forget them: writes are atomic (see
@@ -43,6 +44,7 @@ import filelock
 
 from ..errors import CorruptFileError, SessionDirError, UnsafePathError
 from ..atomic import _fsync_dir, atomic_write_bytes, atomic_write_json, read_bytes_bounded, read_record
+from ..ray_auth import TOKEN_FILE_NAME, derive_ray_token, ray_auth_env
 from .records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, check_job_id, is_job_id
 
 log = logging.getLogger(__name__)
@@ -138,6 +140,10 @@ class SessionDir:
         return self.path / "secret"
 
     @property
+    def ray_token_file(self) -> Path:
+        return self.path / TOKEN_FILE_NAME
+
+    @property
     def log_dir(self) -> Path:
         return self.path / "logs"
 
@@ -179,6 +185,7 @@ class SessionDir:
         for sub in ("jobs", "logs"):
             (session.path / sub).mkdir(mode=0o700, exist_ok=True)
         atomic_write_bytes(session.secret_file, secrets.token_bytes(SECRET_BYTES), mode=0o600)
+        session.ensure_ray_token()
         atomic_write_json(session.allocation_file, AllocationRecord().to_dict())
         # session.json last: its presence means "the session is complete".
         atomic_write_json(session.session_file, info.to_dict(), mode=0o600)
@@ -211,6 +218,34 @@ class SessionDir:
         if len(data) < 16:
             raise CorruptFileError(str(path), "too short to be a session key")
         return data
+
+    def ensure_ray_token(self) -> Path:
+        """The path of the Ray token file, (re)written (0600) unless it already
+        holds the token derived from the secret.
+
+        Every process that starts Ray or a driver calls this before pointing
+        ``RAY_AUTH_TOKEN_PATH`` at the file, so a session created before the
+        file existed, or one whose file was damaged, still works; all writers
+        write the same bytes, atomically.
+        """
+        token = derive_ray_token(self.secret()).encode()
+        try:
+            current = read_bytes_bounded(self.ray_token_file, 1024)
+        except (OSError, CorruptFileError):
+            current = b""
+        mode = None
+        try:
+            mode = os.stat(self.ray_token_file).st_mode & 0o777
+        except OSError:
+            pass
+        if current != token or mode != 0o600:
+            atomic_write_bytes(self.ray_token_file, token, mode=0o600)
+        return self.ray_token_file
+
+    def ray_auth_env(self, auth_mode: str) -> dict[str, str]:
+        """The Ray auth variables of every process of this run (``ray_auth.ray_auth_env``),
+        with the token file ensured in token mode."""
+        return ray_auth_env(auth_mode, str(self.ensure_ray_token()) if auth_mode == "token" else None)
 
     # ------------------------------------------------------------ allocation.json
     #

@@ -517,6 +517,9 @@ def node_environment(record: JobRecord, index: int, base: Mapping[str, str],
         "SLURMD_NODENAME": holding.node,
         "SLURM_CPUS_ON_NODE": str(holding.cpus),
         "SLURM_CPUS_PER_TASK": str(holding.cpus),
+        # The memory held on this node, in MB, as Slurm's --mem gives it (for
+        # --mem-per-cpu Slurm sets SLURM_MEM_PER_CPU instead; the agent reads either).
+        "SLURM_MEM_PER_NODE": str(holding.mem_mb),
         "SLURM_JOB_PARTITION": record.partition,
         "SLURM_SUBMIT_DIR": record.workdir,
         "ELASTIC_RAY_NODE_IP": address,
