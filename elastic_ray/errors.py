@@ -89,5 +89,15 @@ class SlurmAllocationEnded(ElasticRayError):
         super().__init__(message)
 
 
-class SlurmStepDrained(ElasticRayError):
-    """A payload driver was asked to stop because its head allocation drains."""
+class SlurmStepDrained(SlurmAllocationEnded):
+    """A payload driver was asked to stop because its head allocation drains.
+
+    A kind of ``SlurmAllocationEnded`` (``allocation_state`` is
+    ``"DRAINING"``, ``job_id`` the draining head): a head phasing out before
+    its walltime is the common way a head goes, and the one failover loop
+    (``except SlurmAllocationEnded: replace_head()``) must cover it too.
+    Catch this class first to tell a planned hand-over from a lost head.
+    """
+
+    def __init__(self, message: str, *, job_id: str | None = None):
+        super().__init__(message, allocation_state="DRAINING", job_id=job_id)

@@ -18,6 +18,7 @@ from elastic_ray.dagster import (
     SlurmQueueConfig,
     SlurmResource,
     SlurmRunAllocationConfig,
+    SlurmStepDrained,
     SlurmWorkerAllocationConfig,
 )
 from tests.dagster_helpers import all_jobs_final, session_root_fixture  # noqa: F401 - fixture "session_root"
@@ -105,6 +106,55 @@ def test_seed_failover_loop_commits_every_unit_once(session_root, tmp_path):
     assert sorted(units) == list(range(total)), "every unit committed exactly once"
     meta = materialization_metadata(result, "robust")
     assert meta["already_committed"] >= 4 and meta["already_committed"] + meta["committed_now"] == total
+    wait_until(lambda: all_jobs_final(session_root), timeout=60, message="run's jobs ended")
+
+
+def test_head_drain_surfaces_as_step_drained_and_the_asset_relaunches(session_root, tmp_path):
+    """request_drain() on the head while a payload runs: the asset sees
+    SlurmStepDrained, replace_head() hands the head over to the running
+    worker allocation, and the relaunch finishes the remaining units. The
+    asset runs the seed's one loop (``except SlurmAllocationEnded``): a
+    drain must not need a loop of its own."""
+    commits = tmp_path / "commits.txt"
+    total = 16
+    drained: list[dict] = []
+    asked: dict = {}
+
+    def drain_head_mid_run(session) -> None:
+        wait_until(lambda: len(committed_units(commits)) >= 4, timeout=120, message="payload progress")
+        head = wait_until(lambda: session.head, timeout=30, message="a healthy head to drain")
+        asked["head"] = head.job_id
+        asked["told"] = head.request_drain(drain_timeout=120)
+
+    @dagster.asset
+    def drained_asset(context: dagster.AssetExecutionContext, compute: ComputeResource):
+        session = compute.get_run_allocation_session(context)
+        asked["session"] = session.session
+        threading.Thread(target=drain_head_mid_run, args=(session,), daemon=True).start()
+        while True:
+            try:
+                return compute.run(context=context, payload_path=PAYLOAD,
+                                   args=[str(commits), str(total)]).get_results()
+            except SlurmAllocationEnded as exc:
+                drained.append({"error": exc, "committed": len(committed_units(commits))})
+                drained[-1]["new_head"] = session.replace_head(timeout=180).job_id
+
+    result = dagster.materialize([drained_asset], resources={"compute": cpu_head_compute()})
+    assert result.success
+    assert asked.get("told") == 1, asked              # the head's one agent took the drain
+    [event] = drained                                  # one drain, seen once, as SlurmStepDrained
+    assert isinstance(event["error"], SlurmStepDrained), event
+    assert event["error"].job_id == asked["head"] and event["error"].allocation_state == "DRAINING", event
+    assert 4 <= event["committed"] < total, event      # it stopped mid-run
+    meta = materialization_metadata(result, "drained_asset")
+    worker = meta["elastic_ray/head_job"]
+    # The hand-over went to the running worker allocation, not a new head.
+    assert event["new_head"] == worker != asked["head"], (event, worker)
+    session = asked["session"]
+    assert worker in session.record().workers
+    assert sorted(session.scheduler.query(session.job_name), key=int) == sorted([asked["head"], worker], key=int)
+    assert sorted(committed_units(commits)) == list(range(total)), "every unit committed exactly once"
+    assert meta["already_committed"] + meta["committed_now"] == total and meta["already_committed"] >= 4, meta
     wait_until(lambda: all_jobs_final(session_root), timeout=60, message="run's jobs ended")
 
 

@@ -11,7 +11,9 @@ A driver is launched as a step of the head allocation (``srun --jobid=<head>
   program's own verdict;
 * the head drains (its pre-walltime signal or ``request_drain``): the driver
   gets SIGTERM so it can stop at a checkpoint, and ``wait`` raises
-  ``SlurmStepDrained``.
+  ``SlurmStepDrained``, also when the hand-over moved the head before the
+  driver's exit was seen (the old head still runs, or completed: a planned
+  hand-over, not a lost head).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from ..errors import ElasticRayError, SlurmAllocationEnded, SlurmStepDrained
 from ..polling import wait_for
 from ..ray_auth import apply_auth_env
+from ..scheduler.base import JobState
 from .ports import DriverSession, HeadRef
 
 log = logging.getLogger("elastic_ray.coordinator")
@@ -59,6 +62,19 @@ def driver_argv(kind: str, head_job: str, argv: Sequence[str]) -> list[str]:
         return ["srun", f"--jobid={head_job}", "--overlap", "--nodes=1", "--ntasks=1", "--quiet",
                 "--kill-on-bad-exit=1", *argv]
     return list(argv)
+
+
+def drained_head_handed_over(gone: str, head_state: JobState | None) -> bool:
+    """Pure: a driver stopped for a drain, and its head is no longer its
+    head (``gone``): was that the planned hand-over, or is the head lost?
+
+    A draining head stays RUNNING until the session has moved the head
+    (``REPLACED``), and ends COMPLETED after. A cancel or a node failure
+    also looks like a drain at first (the agent gets SIGTERM), but there the
+    job is already ending (COMPLETING, CANCELLED, ...) when the driver stops:
+    that is a lost head, whatever the election did meanwhile.
+    """
+    return gone == "REPLACED" and head_state in (JobState.RUNNING, JobState.COMPLETED)
 
 
 class PayloadRun:
@@ -109,6 +125,17 @@ class PayloadRun:
             return info.state.value
         return None
 
+    def _handed_over(self, gone: str) -> bool:
+        """Whether the head this driver was drained from moved on as planned."""
+        info = self.session.job_info(self.head.job_id)
+        return drained_head_handed_over(gone, info.state if info is not None else None)
+
+    def _step_drained(self, rc: int | None, head_state: str | None) -> SlurmStepDrained:
+        after = f"; the head is now {head_state}" if head_state else ""
+        return SlurmStepDrained(f"the head {self.head.job_id} drains; the driver stopped "
+                                f"(exit {self.proc.returncode if rc is None else rc}){after}",
+                                job_id=self.head.job_id)
+
     def wait(self, timeout: float | None = None) -> RunResult:
         next_scheduler_check = 0.0
 
@@ -121,6 +148,8 @@ class PayloadRun:
                 gone = self._head_gone()
                 if gone is not None:
                     self._stop()
+                    if self._drained and self._handed_over(gone):
+                        raise self._step_drained(rc, gone)
                     raise SlurmAllocationEnded(
                         f"the head allocation {self.head.job_id} of this driver is {gone}; "
                         f"call replace_head() and launch again", allocation_state=gone, job_id=self.head.job_id)
@@ -137,7 +166,7 @@ class PayloadRun:
             if rc is None:
                 return None
             if self._drained:
-                raise SlurmStepDrained(f"the head {self.head.job_id} drains; the driver stopped (exit {rc})")
+                raise self._step_drained(rc, None)
             if rc != 0:
                 raise PayloadFailed(rc, self.argv)
             return RunResult(rc, self.head.job_id, time.time() - self.started)

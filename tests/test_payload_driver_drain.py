@@ -1,0 +1,117 @@
+"""What a payload driver's ``wait`` raises when its head drains and the hand-over is quick.
+
+A draining head gets its drivers SIGTERM; the session meanwhile elects the
+next head and moves the ``ray_head`` pointer. When the election wins the
+race against the driver's exit (a hosted head starts in about a second, a
+Ray driver may take as long to stop), the driver still ended because of the
+drain: ``wait`` must say ``SlurmStepDrained``, not that the head was lost.
+A cancelled head looks like a drain at first too (its agent gets SIGTERM),
+but its job is already ending: that stays a lost head. A fake session plays
+the head; the driver is a real process.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from elastic_ray.coordinator.drivers import PayloadRun, drained_head_handed_over
+from elastic_ray.coordinator.headwatch import HeadObservation
+from elastic_ray.errors import SlurmAllocationEnded, SlurmStepDrained
+from elastic_ray.scheduler.base import JobInfo, JobState
+
+# Notes SIGTERM in a file, then takes a moment to exit, as a Ray driver does.
+SLOW_TO_STOP = """
+import signal, sys, time
+def on_term(*_):
+    open(sys.argv[1], "w").write("term")
+    time.sleep(0.8)
+    sys.exit(15)
+signal.signal(signal.SIGTERM, on_term)
+open(sys.argv[2], "w").write("ready")
+time.sleep(60)
+"""
+
+
+class FakeSession:
+    """Head "1" drains (or not) once the driver is ready; once the driver has
+    its SIGTERM, or at once with ``move_at_once``, the session has elected
+    head "2", and head "1"'s job is in ``head_state``."""
+
+    def __init__(self, tmp_path: Path, *, draining: bool, move_at_once: bool = False,
+                 head_state: JobState = JobState.RUNNING):
+        self.path = tmp_path
+        self.info = SimpleNamespace(scheduler={"kind": "local"})
+        self.launcher = SimpleNamespace(auth_mode="disabled")
+        self.job_name = "er-test"
+        self.termed, self.ready = tmp_path / "termed", tmp_path / "ready"
+        self.draining = draining
+        self.move_at_once = move_at_once
+        self.head_state = head_state
+
+    def head_pointer(self) -> str:
+        return "2" if self.move_at_once or self.termed.exists() else "1"
+
+    def job_info(self, job_id: str) -> JobInfo:
+        # Head "1" is in head_state by the time the driver got its SIGTERM.
+        ending = job_id == "1" and self.termed.exists()
+        return JobInfo(job_id=job_id, name=self.job_name, state=self.head_state if ending else JobState.RUNNING)
+
+    def observe_head(self, wait: float = 0.0) -> HeadObservation:
+        job = self.head_pointer()
+        return HeadObservation(job=job, address="127.0.0.1:1", alive=True, draining=self.draining and job == "1" and self.ready.exists(),
+                               last_beat_age=0.1)
+
+
+def start(session: FakeSession) -> PayloadRun:
+    head = SimpleNamespace(job_id="1", address="127.0.0.1:1")
+    return PayloadRun(session, head, [sys.executable, "-c", SLOW_TO_STOP, str(session.termed),
+                                        str(session.ready)])
+
+
+def test_a_drained_driver_ends_as_step_drained_even_after_the_head_moved(tmp_path):
+    session = FakeSession(tmp_path, draining=True)
+    run = start(session)
+    with pytest.raises(SlurmStepDrained) as drained:
+        run.wait(timeout=30)
+    assert session.termed.exists(), "the driver got SIGTERM"
+    assert drained.value.job_id == "1" and drained.value.allocation_state == "DRAINING"
+    # One failover loop covers both: a drain is a kind of allocation end.
+    assert isinstance(drained.value, SlurmAllocationEnded)
+
+
+def test_a_cancelled_head_that_looked_like_a_drain_is_a_lost_head(tmp_path):
+    # scancel: the job is COMPLETING, its agent gets SIGTERM and says it
+    # drains, the driver is signalled, and the session elects meanwhile.
+    session = FakeSession(tmp_path, draining=True, head_state=JobState.COMPLETING)
+    run = start(session)
+    with pytest.raises(SlurmAllocationEnded) as ended:
+        run.wait(timeout=30)
+    assert session.termed.exists(), "the driver got SIGTERM"
+    assert type(ended.value) is SlurmAllocationEnded, "not a drain"
+    assert ended.value.allocation_state == "REPLACED" and ended.value.job_id == "1"
+
+
+@pytest.mark.parametrize(("gone", "state", "handed_over"), [
+    ("REPLACED", JobState.RUNNING, True),       # draining head waits for the move
+    ("REPLACED", JobState.COMPLETED, True),     # and leaves once it happened
+    ("REPLACED", JobState.COMPLETING, False),   # cancelled, or at its walltime
+    ("REPLACED", JobState.CANCELLED, False),
+    ("REPLACED", None, False),                  # the scheduler does not know it
+    ("COMPLETING", JobState.COMPLETING, False),
+    ("TIMEOUT", JobState.TIMEOUT, False),
+])
+def test_drained_head_handed_over(gone, state, handed_over):
+    assert drained_head_handed_over(gone, state) is handed_over
+
+
+def test_a_driver_whose_head_moved_without_a_drain_sees_its_head_replaced(tmp_path):
+    run = start(FakeSession(tmp_path, draining=False, move_at_once=True))
+    with pytest.raises(SlurmAllocationEnded) as ended:
+        run.wait(timeout=30)
+    assert type(ended.value) is SlurmAllocationEnded, "not a drain"
+    assert ended.value.allocation_state == "REPLACED" and ended.value.job_id == "1"
+    assert run.proc.poll() is not None, "the driver was stopped"
