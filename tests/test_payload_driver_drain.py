@@ -52,6 +52,9 @@ class FakeSession:
         self.move_at_once = move_at_once
         self.head_state = head_state
 
+    def ray_client_env(self) -> dict[str, str]:
+        return {"RAY_AUTH_MODE": "disabled"}
+
     def head_pointer(self) -> str:
         return "2" if self.move_at_once or self.termed.exists() else "1"
 
