@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,6 @@ import pytest
 
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.agent import gcs
-from elastic_ray.coordinator import submit
 from elastic_ray.coordinator.session import Session, WorkerAllocation
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.protocol.channel import ControlClient
@@ -493,8 +493,8 @@ def test_workers_follow_a_moved_head_in_seconds_then_release_without_one(run):
             if run.job_state(run.workers[name].job_id) == "RUNNING"}
     assert {"gpu-a", "gpu-b"} <= set(live), live
     before = {name: s.get("node_id") for name, s in live.items()}
-    spec = submit.head_spec(run.session.dir, run.session.job_name, run.session.head_config(), run.session.launcher)
-    new_head = run.session.scheduler.submit(spec)
+    # Recorded as the successor: the session's teardown (recorded jobs only) ends it even if this test fails.
+    new_head = run.session.submit_head_allocation(record_as=lambda r, job: replace(r, successor=job))
     log(f"second head job {new_head} submitted; workers following {run.head_job}: {sorted(live)}")
     endpoint = wait_until(lambda: run.session.dir.read_head_endpoint(new_head), 120, 0.3, "the new head's endpoint")
     # The old head is asked to drain first (as replace_head's caller does): it

@@ -14,6 +14,7 @@ import random
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
@@ -24,7 +25,6 @@ import zmq
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.agent import gcs
 from elastic_ray.agent.private_dirs import user_temp_root
-from elastic_ray.coordinator import submit
 from elastic_ray.coordinator.session import Session
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.protocol.channel import ControlClient
@@ -430,8 +430,9 @@ def test_a_worker_hosts_a_head_and_its_own_node_follows_it(session_factory):
     assert leaving["handover_deadline"] == pytest.approx(t_drain + 60, abs=2)
     assert leaving["hosted_head"]["state"] == "READY" and not leaving["exited"]
     assert session.query()[worker.job_id].state.value == "RUNNING"
-    spec = submit.head_spec(session.dir, session.job_name, session.head_config(), session.launcher)
-    successor = session.scheduler.submit(spec)
+    # Recorded as the session's successor, so the session's teardown (which
+    # cancels only the jobs it recorded) ends it too.
+    successor = session.submit_head_allocation(record_as=lambda r, job: replace(r, successor=job))
     wait_until(lambda: session.dir.read_head_endpoint(successor), 90, 0.2, "the successor head")
     t_moved = time.time()
     session.dir.write_ray_head(successor)
