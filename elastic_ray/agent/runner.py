@@ -76,10 +76,15 @@ from .machine import (
     step,
 )
 from .publishing import HeadPublishing
-from .signal_drain import DRAIN_SIGNALS, drain_for_signal
+from .signal_drain import DRAIN_SIGNALS, drain_for_signal, lookup_job
 from .status import REFRESH_SECONDS, prune, status_path, write_status
+from .walltime import WalltimeFacts, walltime_drain
 
 log = logging.getLogger("elastic_ray.agent")
+
+# A head without a pre-walltime signal asks the scheduler for its end time
+# this often (a time limit may be changed while the job runs).
+END_TIME_REFRESH = 60.0
 
 __all__ = ["Agent", "AgentOptions"]
 
@@ -111,6 +116,9 @@ class Agent:
         self._next_pointer = 0.0
         self._next_status = 0.0
         self._status_soon = threading.Event()
+        self._end_time: float | None = None   # the job's planned end, for the walltime drain
+        self._next_end_lookup = 0.0
+        self._end_lookup_busy = False
         self.zctx = zmq.Context.instance()
         self.control = ControlServer(self.secret, self.info.session_id, options.node_ip, context=self.zctx)
         self.publishing = HeadPublishing(self.session, self.secret, place, self.zctx, self.control.endpoint,
@@ -218,6 +226,7 @@ class Agent:
                 self.follower.refresh(now, self.hosted_head.record)
             self._watch_ray(now)
             self._check_handover(now)
+            self._check_walltime(now)
             self.follower.check_silent(now)
             self._feed(self.follower.seen(now))
             self._feed(Tick(now))
@@ -274,6 +283,37 @@ class Agent:
         code = self.hosted_head.check_handover(now, self.follower.watch.job)
         if code is not None:
             self._exit_code = code
+
+    def _check_walltime(self, now: float) -> None:
+        """The head drains itself ahead of its walltime when Slurm sends it no
+        warning signal (the rule is ``agent.walltime.walltime_drain``)."""
+        has_signal = self.allocation.signal_before_timeout is not None
+        serves = self.follower.watch.job == self.o.job_id and (
+            self.o.role == "head" or self.hosted_head.record.ready)
+        if has_signal or not serves:
+            return
+        if now >= self._next_end_lookup and not self._end_lookup_busy:
+            self._end_lookup_busy = True
+            self._next_end_lookup = now + END_TIME_REFRESH
+            threading.Thread(target=self._lookup_end_time, name="agent-end-time", daemon=True).start()
+        drain = walltime_drain(WalltimeFacts(now, serves, self.ctx.state is State.JOINED, has_signal,
+                                             self._end_time, self.o.head_drain_lead))
+        if drain is not None:
+            self._log("walltime_drain", end_in=f"{(self._end_time or now) - now:.1f}s",
+                      deadline_in=f"{drain.deadline - now:.1f}s", lead=f"{self.o.head_drain_lead:g}s")
+            self._feed(drain)
+
+    def _lookup_end_time(self) -> None:
+        """On its own thread: ask the scheduler for this job's end; the loop keeps the answer."""
+        _, end = lookup_job(self.info.scheduler, self.info.job_name, self.o.job_id, self._log)
+
+        def keep() -> None:
+            self._end_lookup_busy = False
+            if end is not None:
+                self._end_time = end
+            else:  # no answer: ask again soon rather than a minute later
+                self._next_end_lookup = min(self._next_end_lookup, time.time() + 5.0)
+        self._post_call(keep)
 
     def _watch_ray(self, now: float) -> None:
         handle = self.local.ray

@@ -12,6 +12,7 @@ import signal
 import time
 from typing import Any, Callable
 
+from ..scheduler.base import JobState
 from .machine import DrainRequested, drain_deadline_for_signal
 
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
@@ -22,11 +23,11 @@ DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 SIGNAL_LOOKUP_TIMEOUT = 5.0
 
 
-def drain_for_signal(signal_name: str, scheduler: dict[str, Any], job_name: str, job_id: str,
-                     log: Callable[..., None]) -> DrainRequested:
-    """Find out why the signal came; return the drain with the right deadline."""
-    now = time.time()
-    state, end = None, None
+def lookup_job(scheduler: dict[str, Any], job_name: str, job_id: str,
+               log: Callable[..., None]) -> tuple[JobState | None, float | None]:
+    """This job's state and planned end as the scheduler reports them; (None,
+    None) when it does not answer within SIGNAL_LOOKUP_TIMEOUT. Also used by
+    the walltime drain of a head without a pre-walltime signal."""
     try:
         from ..scheduler.factory import make_scheduler
 
@@ -35,9 +36,17 @@ def drain_for_signal(signal_name: str, scheduler: dict[str, Any], job_name: str,
             sched.timeout = SIGNAL_LOOKUP_TIMEOUT  # type: ignore[attr-defined]
         info = sched.query(job_name, [job_id]).get(job_id)
         if info is not None:
-            state, end = info.state, info.end_time
+            return info.state, info.end_time
     except Exception as exc:
         log("end_time_unknown", error=str(exc)[:200])
+    return None, None
+
+
+def drain_for_signal(signal_name: str, scheduler: dict[str, Any], job_name: str, job_id: str,
+                     log: Callable[..., None]) -> DrainRequested:
+    """Find out why the signal came; return the drain with the right deadline."""
+    now = time.time()
+    state, end = lookup_job(scheduler, job_name, job_id, log)
     deadline = drain_deadline_for_signal(now, state, end)
     log("signal_drain", signal=signal_name, job_state=state.value if state else "-",
         end_in=f"{end - now:.1f}s" if end is not None else "-", deadline_in=f"{deadline - now:.1f}s",

@@ -112,6 +112,10 @@ class PayloadRun:
             nonlocal next_scheduler_check
             rc = self.proc.poll()
             now = time.monotonic()
+            if rc is not None and self._drained:
+                # It was told to stop at a checkpoint and did: that is a drain,
+                # also when the session moved the head before it exited.
+                raise SlurmStepDrained(f"the head {self.head.job_id} drains; the driver stopped (exit {rc})")
             if rc is not None or now >= next_scheduler_check:
                 next_scheduler_check = now + SCHEDULER_CHECK_INTERVAL
                 gone = self._head_gone()
@@ -132,8 +136,6 @@ class PayloadRun:
                         pass
             if rc is None:
                 return None
-            if self._drained:
-                raise SlurmStepDrained(f"the head {self.head.job_id} drains; the driver stopped (exit {rc})")
             if rc != 0:
                 raise PayloadFailed(rc, self.argv)
             return RunResult(rc, self.head.job_id, time.time() - self.started)

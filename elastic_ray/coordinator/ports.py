@@ -91,6 +91,7 @@ __all__ = ["DriverSession", "HeadRef", "HeadSource", "JobRef", "SupervisedSessio
 class ElectingSession(SupervisedSession, Protocol):
     """What :class:`.failover.Failover` needs to carry out an election."""
 
+    claim_period: float  # how long the election claim lasts unless renewed
     @property
     def dir(self) -> SessionDir: ...
     @property

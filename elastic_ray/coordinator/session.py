@@ -22,7 +22,8 @@ from ..config import (
     SlurmRunAllocationConfig,
     SlurmWorkerAllocationConfig,
     inherit_worker_config,
-    resolve_head_config,
+    rejoin_timeout_warning,
+    resolve_separate_head_config,
 )
 from ..errors import AllocationFailed, ConfigError, SchedulerError, SlurmAllocationEnded
 from ..config.launcher import RayLauncher
@@ -148,7 +149,7 @@ class Session:
             raise ConfigError("worker_allocation", worker_allocation, "must be a SlurmWorkerAllocationConfig")
         launcher = launcher or RayLauncher()
         if ray_head_only:
-            head = resolve_head_config(head)
+            head = resolve_separate_head_config(head)
         elif not launcher.can_host_elected_head:
             # The default layout hosts the head next to the first allocation's
             # own Ray worker; with fixed ports the two would collide.
@@ -300,6 +301,8 @@ class Session:
             raise ConfigError("config", config, "must be a SlurmWorkerAllocationConfig")
         first, head = self._parent_configs(self.record())
         resolved = inherit_worker_config(config, first, head)
+        if (warning := rejoin_timeout_warning(resolved)) is not None:
+            log.warning("event=short_rejoin_timeout session=%s %s", self.job_name, warning)
         spec_path = submit.write_worker_spec(self.dir, resolved)
         job_id = self.scheduler.submit(submit.worker_spec(self.dir, self.job_name, resolved, self.launcher, spec_path))
         self.dir.update_allocation(lambda r: r.with_worker(
