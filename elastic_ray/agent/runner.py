@@ -78,7 +78,7 @@ from .machine import (
 from .publishing import HeadPublishing
 from .signal_drain import DRAIN_SIGNALS, drain_for_signal, lookup_job
 from .status import REFRESH_SECONDS, prune, status_path, write_status
-from .walltime import WalltimeFacts, walltime_drain
+from .walltime import WalltimeFacts, serves_head, walltime_drain
 
 log = logging.getLogger("elastic_ray.agent")
 
@@ -288,8 +288,7 @@ class Agent:
         """The head drains itself ahead of its walltime when Slurm sends it no
         warning signal (the rule is ``agent.walltime.walltime_drain``)."""
         has_signal = self.allocation.signal_before_timeout is not None
-        serves = self.follower.watch.job == self.o.job_id and (
-            self.o.role == "head" or self.hosted_head.record.ready)
+        serves = serves_head(self.o.role, self.o.job_id, self.follower.watch.job, self.hosted_head.record.ready)
         if has_signal or not serves:
             return
         if now >= self._next_end_lookup and not self._end_lookup_busy:

@@ -51,6 +51,16 @@ class WalltimeFacts:
     lead: float = DEFAULT_HEAD_DRAIN_LEAD
 
 
+def serves_head(role: str, own_job: str, pointer: str | None, hosted_ready: bool) -> bool:
+    """Does this agent run the session's current head? A head allocation's
+    agent does while ``ray_head`` names its job (a successor waiting to be
+    elected does not yet); a worker agent only while it hosts that head,
+    which only the first node of the named worker allocation does."""
+    if pointer != own_job:
+        return False
+    return role == "head" or hosted_ready
+
+
 def walltime_drain(f: WalltimeFacts) -> DrainRequested | None:
     """The drain to start now, or None.
 
@@ -71,4 +81,4 @@ def walltime_drain(f: WalltimeFacts) -> DrainRequested | None:
                                            f"(head drained {f.lead:.0f}s ahead)")
 
 
-__all__ = ["DEFAULT_HEAD_DRAIN_LEAD", "WalltimeFacts", "walltime_drain"]
+__all__ = ["DEFAULT_HEAD_DRAIN_LEAD", "WalltimeFacts", "serves_head", "walltime_drain"]
