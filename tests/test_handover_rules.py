@@ -165,3 +165,20 @@ def test_add_worker_allocation_logs_the_rejoin_timeout_warning(tmp_path, caplog)
     warned = [r for r in caplog.records if "short_rejoin_timeout" in r.getMessage()]
     assert len(scheduler.submitted) == 3  # the head and both worker allocations
     assert len(warned) == 1 and "rejoin_timeout=120s" in warned[0].getMessage()
+
+
+# ---------------------------------------------------------------- a driver stopped by Slurm's signal
+
+@pytest.mark.parametrize("signal, end_in, inside", [
+    (None, 10.0, False),            # no pre-walltime signal: a driver's exit is its own
+    ("TERM@50", None, False),       # unlimited
+    ("TERM@50", 200.0, False),      # long before the signal can come
+    ("TERM@50", 50.0 + 35.0, True),  # Slurm's 30 s timer may send it this early
+    ("TERM@50", 50.0, True),
+    ("USR1@600", 400.0, True),
+])
+def test_in_signal_window(signal, end_in, inside):
+    from elastic_ray.coordinator.drivers import in_signal_window
+
+    now = 1_000_000.0
+    assert in_signal_window(signal, None if end_in is None else now + end_in, now) is inside

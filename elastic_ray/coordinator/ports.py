@@ -84,6 +84,8 @@ class DriverSession(HeadSource, Protocol):
 
     def job_info(self, job_id: str) -> JobInfo | None: ...
 
+    def record(self) -> AllocationRecord: ...
+
 
 __all__ = ["DriverSession", "HeadRef", "HeadSource", "JobRef", "SupervisedSession"]
 
