@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from ..config.slurm_values import parse_signal
 from ..errors import ElasticRayError, SlurmAllocationEnded, SlurmStepDrained
 from ..polling import wait_for
+from ..scheduler.base import JobState
 from .ports import DriverSession, HeadRef
 
 log = logging.getLogger("elastic_ray.coordinator")
@@ -110,10 +111,14 @@ class PayloadRun:
         if self._signal is None:
             return False
         info = self.session.job_info(self.head.job_id)
-        if not in_signal_window(self._signal, info.end_time if info else None, time.time()):
+        if info is None or info.state is not JobState.RUNNING:
+            return False  # the allocation is ending: not a hand-over
+        if not in_signal_window(self._signal, info.end_time, time.time()):
             return False
         obs = self.session.observe_head(wait=DRAIN_NEWS_WAIT)
-        return obs.job == self.head.job_id and obs.draining
+        # Draining, or already handed over (an election can be quicker than
+        # our look): either way the head moves because of its signal.
+        return obs.job != self.head.job_id or obs.draining
 
     def _stop(self) -> None:
         if self.proc.poll() is not None:
