@@ -222,14 +222,16 @@ ASSESS = [
     pytest.param(rec(W("1", drain_at=NOW)), jobs(J("1")), {}, HeadCondition.DRAINING, id="worker-head-drain-requested"),
     pytest.param(rec(W("1", "removed")), jobs(J("1")), {}, HeadCondition.DRAINING, id="worker-head-removed"),
     pytest.param(rec(HEAD_WORKER), jobs(J("1")), {}, HeadCondition.HEALTHY, id="worker-head-healthy"),
-    pytest.param(rec(), jobs(J("1", left=300)), {}, HeadCondition.DRAINING, id="walltime-lead-reached"),
-    pytest.param(rec(), jobs(J("1", left=None, end=NOW + 299)), {}, HeadCondition.DRAINING, id="walltime-lead-end-time"),
-    pytest.param(rec(), jobs(J("1", left=301)), {}, HeadCondition.HEALTHY, id="walltime-lead-not-yet"),
+    # Time left alone never elects: the head's agent drains itself ahead of
+    # its walltime (or at its signal), and only that drain moves the head.
+    pytest.param(rec(), jobs(J("1", left=300)), {}, HeadCondition.HEALTHY, id="five-minutes-left-no-election"),
+    pytest.param(rec(), jobs(J("1", left=None, end=NOW + 299)), {}, HeadCondition.HEALTHY,
+                 id="end-time-near-no-election"),
+    pytest.param(rec(), jobs(J("1", left=301)), {}, HeadCondition.HEALTHY, id="walltime-far"),
     pytest.param(rec(), jobs(J("1", left=UNLIMITED)), {}, HeadCondition.HEALTHY, id="unlimited-head"),
-    pytest.param(rec(), jobs(J("1", left=60)), {"walltime_drain_lead": None},
-                 HeadCondition.HEALTHY, id="walltime-lead-disabled"),
-    pytest.param(rec(), jobs(J("1", left=900)), {"walltime_drain_lead": 1200},
-                 HeadCondition.DRAINING, id="walltime-lead-configured"),
+    pytest.param(rec(), jobs(J("1", left=0.0)), {}, HeadCondition.HEALTHY, id="walltime-reached-still-serving"),
+    pytest.param(rec(), jobs(J("1", left=60)), {"head_draining": True},
+                 HeadCondition.DRAINING, id="walltime-near-and-draining"),
 ]
 
 ELECTS = {HeadCondition.NO_HEAD, HeadCondition.JOB_ENDED, HeadCondition.RAY_STOPPED, HeadCondition.DRAINING}

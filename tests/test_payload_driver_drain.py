@@ -21,6 +21,7 @@ import pytest
 from elastic_ray.coordinator.drivers import PayloadRun, drained_head_handed_over
 from elastic_ray.coordinator.headwatch import HeadObservation
 from elastic_ray.errors import SlurmAllocationEnded, SlurmStepDrained
+from elastic_ray.protocol.records import AllocationRecord
 from elastic_ray.scheduler.base import JobInfo, JobState
 
 # Notes SIGTERM in a file, then takes a moment to exit, as a Ray driver does.
@@ -44,13 +45,16 @@ class FakeSession:
     def __init__(self, tmp_path: Path, *, draining: bool, move_at_once: bool = False,
                  head_state: JobState = JobState.RUNNING):
         self.path = tmp_path
-        self.info = SimpleNamespace(scheduler={"kind": "local"})
+        self.info = SimpleNamespace(scheduler={"kind": "local"}, head={})  # no pre-walltime signal
         self.launcher = SimpleNamespace(auth_mode="disabled")
         self.job_name = "er-test"
         self.termed, self.ready = tmp_path / "termed", tmp_path / "ready"
         self.draining = draining
         self.move_at_once = move_at_once
         self.head_state = head_state
+
+    def record(self) -> AllocationRecord:
+        return AllocationRecord()
 
     def ray_client_env(self) -> dict[str, str]:
         return {"RAY_AUTH_MODE": "disabled"}

@@ -61,9 +61,12 @@ def main() -> None:
 @click.option("--head-lost-after", envvar="ELASTIC_AGENT_HEAD_LOST_AFTER", type=click.FloatRange(min=0.2), default=2.0)
 @click.option("--backoff-base", envvar="ELASTIC_AGENT_BACKOFF_BASE", type=click.FloatRange(min=0.0), default=2.0)
 @click.option("--start-timeout", envvar="ELASTIC_AGENT_START_TIMEOUT", type=click.FloatRange(min=1.0), default=120.0)
+@click.option("--head-drain-lead", envvar="ELASTIC_AGENT_HEAD_DRAIN_LEAD", type=click.FloatRange(min=0.0),
+              default=300.0, help="A head without a pre-walltime signal drains this many seconds before its "
+                                  "walltime [$ELASTIC_AGENT_HEAD_DRAIN_LEAD].")
 def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str | None, node_ip: str | None,
         node_index: int, poll_interval: float, head_lost_after: float, backoff_base: float,
-        start_timeout: float) -> None:
+        start_timeout: float, head_drain_lead: float) -> None:
     """Run the agent of one node (started by the batch script through srun)."""
     from ..protocol.records import check_job_id
     from .runner import Agent, AgentOptions
@@ -82,7 +85,7 @@ def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str 
         agent = Agent(AgentOptions(session=session_dir, job_id=job_id, role=role, node=node, node_ip=node_ip,
                                    node_index=node_index, spec=spec, poll_interval=poll_interval,
                                    head_lost_after=head_lost_after, backoff_base=backoff_base,
-                                   start_timeout=start_timeout))
+                                   start_timeout=start_timeout, head_drain_lead=head_drain_lead))
     except (ElasticRayError, ValueError, OSError) as exc:
         raise click.ClickException(f"cannot start the agent: {exc}") from None
     sys.exit(agent.run())

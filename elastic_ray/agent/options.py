@@ -26,6 +26,7 @@ class AgentOptions:
     backoff_base: float = 2.0
     backoff_max: float = 60.0
     start_timeout: float = 120.0
+    head_drain_lead: float = 300.0  # a head without a pre-walltime signal drains this long before its walltime
 
 
 def hosts_head_at_start(options: AgentOptions) -> bool:

@@ -79,9 +79,10 @@ from .machine import (
     step,
 )
 from .publishing import HeadPublishing
-from .signal_drain import DRAIN_SIGNALS, drain_for_signal
+from .signal_drain import DRAIN_SIGNALS, WalltimeWatch, drain_for_signal
 from .private_dirs import ensure_private_dir
 from .status import REFRESH_SECONDS, prune, status_path, write_status
+from .walltime import serves_head
 
 log = logging.getLogger("elastic_ray.agent")
 
@@ -120,6 +121,8 @@ class Agent:
         self._next_pointer = 0.0
         self._next_status = 0.0
         self._status_soon = threading.Event()
+        self.walltime = WalltimeWatch(self.info.scheduler, self.info.job_name, options.job_id,
+                                      options.head_drain_lead, self._log, self._post_call)
         self.zctx = zmq.Context.instance()
         self.control = ControlServer(self.secret, self.info.session_id, options.node_ip, context=self.zctx)
         self.publishing = HeadPublishing(self.session, self.secret, place, self.zctx, self.control.endpoint,
@@ -243,6 +246,7 @@ class Agent:
                 self.follower.refresh(now, self.hosted_head.record)
             self._watch_ray(now)
             self._check_handover(now)
+            self._check_walltime(now)
             self.follower.check_silent(now)
             self._feed(self.follower.seen(now))
             self._feed(Tick(now))
@@ -299,6 +303,15 @@ class Agent:
         code = self.hosted_head.check_handover(now, self.follower.watch.job)
         if code is not None:
             self._exit_code = code
+
+    def _check_walltime(self, now: float) -> None:
+        """The head drains itself ahead of its walltime when Slurm sends it no
+        warning signal (``signal_drain.WalltimeWatch``)."""
+        serves = serves_head(self.o.role, self.o.job_id, self.follower.watch.job, self.hosted_head.record.ready)
+        drain = self.walltime.check(now, serves, self.ctx.state is State.JOINED,
+                                    self.allocation.signal_before_timeout is not None)
+        if drain is not None:
+            self._feed(drain)
 
     def _watch_ray(self, now: float) -> None:
         handle = self.local.ray

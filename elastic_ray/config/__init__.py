@@ -11,7 +11,9 @@ from .allocation import (
     SlurmRunAllocationConfig,
     SlurmWorkerAllocationConfig,
     inherit_worker_config,
+    rejoin_timeout_warning,
     resolve_head_config,
+    resolve_separate_head_config,
 )
 from .launcher import RayLauncher
 
@@ -20,5 +22,7 @@ __all__ = [
     "SlurmRunAllocationConfig",
     "SlurmWorkerAllocationConfig",
     "inherit_worker_config",
+    "rejoin_timeout_warning",
     "resolve_head_config",
+    "resolve_separate_head_config",
 ]

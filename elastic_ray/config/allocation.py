@@ -350,3 +350,40 @@ def resolve_head_config(config: SlurmRunAllocationConfig) -> SlurmRunAllocationC
     if config.mem_per_cpu is not None:
         updates.pop("mem", None)
     return replace(config, **updates)
+
+
+def resolve_separate_head_config(config: SlurmRunAllocationConfig) -> SlurmRunAllocationConfig:
+    """Validate a separate, head-only allocation (``ray_head_only``) and apply the head defaults.
+
+    Such an allocation runs one head agent on each of its nodes, and every
+    one of them would start a Ray head of its own; only one of them could be
+    the run's head, and the others would hold nodes that no Ray worker uses.
+    So it has exactly one node; compute is added with worker allocations.
+    """
+    if config.num_nodes not in (None, 1):
+        raise ConfigError("num_nodes", config.num_nodes,
+                          "a separate head allocation (ray_head_only) has exactly one node; "
+                          "add compute nodes with worker allocations")
+    return resolve_head_config(config)
+
+
+#: Below this, a worker allocation may give up on the session before an
+#: election can reach it (see :func:`rejoin_timeout_warning`).
+MIN_SAFE_REJOIN_TIMEOUT = 300.0
+
+
+def rejoin_timeout_warning(config: SlurmWorkerAllocationConfig) -> str | None:
+    """The warning for a worker allocation whose ``rejoin_timeout`` is short, or None.
+
+    A worker allocation that sees no live head releases itself after
+    ``rejoin_timeout``. An election can take minutes to reach it: the claim
+    of an elector that died holds the next election off for its whole
+    period. A worker allocation that leaves sooner cannot be elected to host
+    the head, and its nodes are lost to the run. Allowed, but said.
+    """
+    if config.rejoin_timeout >= MIN_SAFE_REJOIN_TIMEOUT:
+        return None
+    return (f"rejoin_timeout={config.rejoin_timeout:g}s is under {MIN_SAFE_REJOIN_TIMEOUT:g}s: this worker "
+            f"allocation may release itself before an election reaches it (an elector that died blocks the "
+            f"next election for its claim period), and then it can neither host the head nor rejoin; "
+            f"keep it at {MIN_SAFE_REJOIN_TIMEOUT:g}s or more unless idle nodes are costly")

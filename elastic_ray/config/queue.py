@@ -30,6 +30,7 @@ from .allocation import (
     SlurmWorkerAllocationConfig,
     inherit_worker_config,
     resolve_head_config,
+    resolve_separate_head_config,
 )
 
 
@@ -178,7 +179,7 @@ def plan_run_layout(
             raise _prefixed("run_allocation", exc) from None
         return RunLayout(head=head, ray_head_only=False, worker_allocation=None)
     try:
-        head = resolve_head_config(apply_queue_to_head(ray_head_allocation, queue))
+        head = resolve_separate_head_config(apply_queue_to_head(ray_head_allocation, queue))
     except ConfigError as exc:
         raise _prefixed("ray_head_allocation", exc) from None
     worker = resolve_worker_allocation(as_worker(run_allocation), queue=queue, first_worker=None, head=head,
@@ -200,10 +201,7 @@ def plan_session_layout(
     first worker allocation; otherwise ``head`` computes like any allocation.
     """
     if ray_head_only:
-        if head.num_nodes not in (None, 1):
-            raise ConfigError("num_nodes", head.num_nodes,
-                              "a ray_head_only allocation has one node; add compute with worker allocations")
-        resolved = resolve_head_config(apply_queue_to_head(head, queue))
+        resolved = resolve_separate_head_config(apply_queue_to_head(head, queue))
     else:
         resolved = resolve_head_config(apply_queue_to_compute(head, queue))
     worker = None

@@ -56,4 +56,18 @@ def election_claim(directory: SessionDir, claimant: str, period: float,
             directory.update_allocation(lambda r: election.release(r, claimant))
 
 
-__all__ = ["ClaimOutcome", "election_claim"]
+def renew_claim(directory: SessionDir, claimant: str, period: float,
+                clock: Callable[[], float] = time.time) -> bool:
+    """Push our claim's expiry ``period`` seconds ahead; True while it is ours.
+
+    An elector that waits longer than the claim period (a successor
+    allocation queued behind other jobs) calls this as it waits, so no other
+    process takes the claim as expired and submits a second head allocation.
+    A claim someone else holds is left alone (False): the pure
+    ``election.claim`` renews only its own claimant's claim.
+    """
+    record = directory.update_allocation(lambda r: election.claim(r, claimant, clock(), period)[0])
+    return election.holds_claim(record, claimant)
+
+
+__all__ = ["ClaimOutcome", "election_claim", "renew_claim"]

@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..config.slurm_values import parse_signal
 from ..errors import ElasticRayError, SlurmAllocationEnded, SlurmStepDrained
 from ..polling import wait_for
 from ..ray_auth import apply_auth_env
@@ -37,6 +38,11 @@ log = logging.getLogger("elastic_ray.coordinator")
 CHECK_INTERVAL = 0.5
 SCHEDULER_CHECK_INTERVAL = 2.0
 STOP_GRACE = 10.0
+# Slurm sends a step's --signal=SIG@N up to its 30 s timer early; with some slack.
+SIGNAL_EARLY = 35.0
+# A driver that ended inside that window: how long to listen for the head's
+# heartbeat to say it drains (its agent asks the scheduler why it got the signal).
+DRAIN_NEWS_WAIT = 5.0
 
 
 class PayloadFailed(ElasticRayError):
@@ -77,6 +83,19 @@ def drained_head_handed_over(gone: str, head_state: JobState | None) -> bool:
     return gone == "REPLACED" and head_state in (JobState.RUNNING, JobState.COMPLETED)
 
 
+def in_signal_window(signal_before_timeout: str | None, end_time: float | None, now: float) -> bool:
+    """Pure: could the pre-walltime signal of the head's allocation have come by now?
+
+    On Slurm a driver is a step of the head's allocation, so that signal
+    reaches the driver itself, as it reaches the head's agent. A driver that
+    stops at a checkpoint on it may exit before the head's heartbeat says it
+    drains; inside this window its exit is taken for the drain it is.
+    """
+    if signal_before_timeout is None or end_time is None:
+        return False
+    return now >= end_time - parse_signal(signal_before_timeout).seconds - SIGNAL_EARLY
+
+
 class PayloadRun:
     """A running driver. Create with :meth:`Session.run`."""
 
@@ -97,7 +116,28 @@ class PayloadRun:
         self.proc = subprocess.Popen(driver_argv(session.info.scheduler["kind"], head.job_id, self.argv),
                                      env=full_env, stdout=stdout, stderr=stderr, start_new_session=True)
         self._drained = False
+        self._signal = self._head_signal()
         log.info("event=driver_started session=%s head=%s pid=%s", session.job_name, head.job_id, self.proc.pid)
+
+    def _head_signal(self) -> str | None:
+        """The ``signal_before_timeout`` of the allocation that hosts this driver's head."""
+        worker = self.session.record().workers.get(self.head.job_id)
+        config = worker.config if worker is not None else self.session.info.head
+        return config.get("signal_before_timeout")
+
+    def _stopped_by_the_signal(self) -> bool:
+        """The driver ended; did Slurm's pre-walltime signal stop it (the head drains)?"""
+        if self._signal is None:
+            return False
+        info = self.session.job_info(self.head.job_id)
+        if info is None or info.state is not JobState.RUNNING:
+            return False  # the allocation is ending: not a hand-over
+        if not in_signal_window(self._signal, info.end_time, time.time()):
+            return False
+        obs = self.session.observe_head(wait=DRAIN_NEWS_WAIT)
+        # Draining, or already handed over (an election can be quicker than
+        # our look): either way the head moves because of its signal.
+        return obs.job != self.head.job_id or obs.draining
 
     def _stop(self) -> None:
         if self.proc.poll() is not None:
@@ -143,6 +183,10 @@ class PayloadRun:
             nonlocal next_scheduler_check
             rc = self.proc.poll()
             now = time.monotonic()
+            if rc is not None and not self._drained and self._stopped_by_the_signal():
+                self._drained = True
+                log.info("event=driver_signalled session=%s head=%s reason=pre_walltime_signal",
+                         self.session.job_name, self.head.job_id)
             if rc is not None or now >= next_scheduler_check:
                 next_scheduler_check = now + SCHEDULER_CHECK_INTERVAL
                 gone = self._head_gone()

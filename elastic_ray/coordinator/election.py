@@ -50,9 +50,6 @@ from ..scheduler.base import JobInfo, JobState
 #: A claim whose elector died blocks the next election this long (seconds).
 DEFAULT_CLAIM_PERIOD = 120.0
 
-#: A head with no pre-walltime signal is drained this long before its walltime.
-DEFAULT_WALLTIME_DRAIN_LEAD = 300.0
-
 #: A worker allocation that failed this many times to start a head is passed over.
 MAX_HEAD_FAILURES = 2
 
@@ -293,8 +290,7 @@ def head_is_healthy(record: AllocationRecord, jobs: Mapping[str, JobInfo], head_
 
 
 def assess_head(record: AllocationRecord, jobs: Mapping[str, JobInfo], *, head_alive: bool,
-                now: float, head_draining: bool = False, head_starting: bool = False,
-                walltime_drain_lead: float | None = DEFAULT_WALLTIME_DRAIN_LEAD) -> HeadAssessment:
+                now: float, head_draining: bool = False, head_starting: bool = False) -> HeadAssessment:
     """Decide whether the session needs an election, and why.
 
     ``head_alive``: the head's Ray answered its last heartbeat.
@@ -303,8 +299,13 @@ def assess_head(record: AllocationRecord, jobs: Mapping[str, JobInfo], *, head_a
     ``head_starting``: the head was just elected or submitted and is still
     within its start time, so a silent Ray is not yet a failure; without this
     every poll during start-up would elect again.
-    ``walltime_drain_lead``: a head with this little time left is treated as
-    draining even if no signal arrived (None disables the rule).
+
+    Time left alone never starts an election: a head hands over only once it
+    drains (its heartbeat says so), because only a drain signals its payload
+    drivers. A head with a pre-walltime signal drains when the signal comes;
+    one without drains itself ahead of its walltime (``agent.walltime``).
+    Electing on the clock here would move a head without telling its
+    drivers, and move a signalled head minutes before it must.
 
     A missing head job in ``jobs`` is not taken as "ended": the scheduler
     interface reports every id it is asked about, so absence means the caller
@@ -336,21 +337,14 @@ def assess_head(record: AllocationRecord, jobs: Mapping[str, JobInfo], *, head_a
     if worker is not None and (worker.state == "removed" or _worker_is_draining(worker)):
         return HeadAssessment(HeadCondition.DRAINING,
                               f"head {head} is hosted on a worker allocation that is {worker.state}")
-    if walltime_drain_lead is not None:
-        left = time_left_at(info, now)
-        if left is not None and left <= walltime_drain_lead:
-            return HeadAssessment(HeadCondition.DRAINING,
-                                  f"head {head} has {_format_time_left(left)}, within the "
-                                  f"{walltime_drain_lead:g} s before its walltime")
     return HeadAssessment(HeadCondition.HEALTHY, f"head {head} is RUNNING and answers")
 
 
 def needs_election(record: AllocationRecord, jobs: Mapping[str, JobInfo], *, head_alive: bool,
-                   now: float, head_draining: bool = False, head_starting: bool = False,
-                   walltime_drain_lead: float | None = DEFAULT_WALLTIME_DRAIN_LEAD) -> bool:
+                   now: float, head_draining: bool = False, head_starting: bool = False) -> bool:
     """Shorthand for ``assess_head(...).needs_election``."""
     return assess_head(record, jobs, head_alive=head_alive, now=now, head_draining=head_draining,
-                       head_starting=head_starting, walltime_drain_lead=walltime_drain_lead).needs_election
+                       head_starting=head_starting).needs_election
 
 
 # ---------------------------------------------------------------- claims
@@ -496,7 +490,7 @@ def live_workers(record: AllocationRecord, jobs: Mapping[str, JobInfo]) -> list[
 
 
 __all__ = [
-    "DEFAULT_CLAIM_PERIOD", "DEFAULT_WALLTIME_DRAIN_LEAD", "MAX_HEAD_FAILURES",
+    "DEFAULT_CLAIM_PERIOD", "MAX_HEAD_FAILURES",
     "ChoiceKind", "HeadChoice", "UsePublishedSuccessor", "HostOnWorker", "SubmitNewHead",
     "HeadCondition", "HeadAssessment", "LiveWorker",
     "time_left_at", "choose_head", "head_is_healthy", "assess_head", "needs_election",

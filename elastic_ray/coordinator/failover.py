@@ -30,6 +30,7 @@ from ..protocol.channel import ControlError
 from ..protocol.records import AllocationRecord, HostedHeadState
 from ..scheduler.base import JobInfo
 from . import election
+from .claims import renew_claim
 from .ports import ElectingSession
 
 log = logging.getLogger("elastic_ray.coordinator")
@@ -46,11 +47,13 @@ class Failover:
 
     def __init__(self, session: ElectingSession):
         self.session = session
+        self.claimant = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._renewed_at = 0.0
 
     def replace_head(self, timeout: float, progress: Callable[[str], None] | None) -> tuple[str, str]:
         """Return ``(job id, address)`` of a healthy head, electing one first if needed."""
         s = self.session
-        claimant = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        claimant = self.claimant
         deadline = time.monotonic() + timeout
         elected = threading.Event()  # after an election, look again at once
         last = ""
@@ -71,6 +74,7 @@ class Failover:
             if assessment.needs_election:
                 with s.election_claim(claimant) as claim:
                     if claim.held:
+                        self._renewed_at = time.monotonic()
                         self.elect(claim.record, jobs, progress, deadline)
                         elected.set()
             return None
@@ -115,6 +119,7 @@ class Failover:
         s = self.session
 
         def outcome() -> bool | None:
+            self.keep_claim()
             if s.dir.read_head_endpoint(job) is not None:
                 return True
             info = s.job_info(job)
@@ -124,6 +129,23 @@ class Failover:
 
         return bool(wait_for(outcome, timeout=deadline - time.monotonic(), interval=POLL_INTERVAL,
                              done=lambda ready: ready is not None, raising=False))
+
+    def keep_claim(self) -> None:
+        """While we wait for a head, keep our election claim from expiring.
+
+        A successor allocation may wait in the queue far longer than the claim
+        period; if the claim lapsed meanwhile, the next process to find the
+        head lost would take it and submit a second head allocation. Renewed
+        every third of the period, so a slow write or two never lets it lapse.
+        """
+        s = self.session
+        now = time.monotonic()
+        if now - self._renewed_at < s.claim_period / 3:
+            return
+        self._renewed_at = now
+        if not renew_claim(s.dir, self.claimant, s.claim_period):
+            log.warning("event=claim_lost session=%s claimant=%s: another process holds the election claim",
+                        s.job_name, self.claimant)
 
     def host_on_worker(self, job: str, deadline: float) -> bool:
         """Ask the first node of worker allocation ``job`` to host a head; wait until it is ready."""
@@ -147,6 +169,7 @@ class Failover:
             return False
 
         def outcome() -> bool | None:
+            self.keep_claim()
             for state in s.node_states(job).values():
                 if state.hosted_head is not None and state.hosted_head.state is HostedHeadState.FAILED:
                     return False

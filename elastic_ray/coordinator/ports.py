@@ -86,6 +86,8 @@ class DriverSession(HeadSource, Protocol):
 
     def job_info(self, job_id: str) -> JobInfo | None: ...
 
+    def record(self) -> AllocationRecord: ...
+
 
 __all__ = ["DriverSession", "HeadRef", "HeadSource", "JobRef", "SupervisedSession"]
 
@@ -93,6 +95,7 @@ __all__ = ["DriverSession", "HeadRef", "HeadSource", "JobRef", "SupervisedSessio
 class ElectingSession(SupervisedSession, Protocol):
     """What :class:`.failover.Failover` needs to carry out an election."""
 
+    claim_period: float  # how long the election claim lasts unless renewed
     @property
     def dir(self) -> SessionDir: ...
     @property

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,8 @@ from ..config import (
     SlurmRunAllocationConfig,
     SlurmWorkerAllocationConfig,
     inherit_worker_config,
-    resolve_head_config,
+    rejoin_timeout_warning,
+    resolve_separate_head_config,
 )
 from ..errors import AllocationFailed, ConfigError, SlurmAllocationEnded
 from ..config.launcher import RayLauncher
@@ -41,48 +42,13 @@ from .claims import ClaimOutcome, election_claim
 from .drivers import PayloadRun
 from .failover import CONTROL_TIMEOUT, HEAD_START_GRACE, Failover
 from .jobs import RecordAs, SessionJobs
+from .handles import Head, WorkerAllocation
 from .headwatch import HeadObservation, HeadWatch
 from .supervise import HeadSupervisor
 
 log = logging.getLogger("elastic_ray.coordinator")
 
 POLL_INTERVAL = 0.5
-
-
-@dataclass(frozen=True)
-class WorkerAllocation:
-    """A handle on one worker allocation; cheap, and valid in any process."""
-
-    session: "Session"
-    job_id: str
-
-    def request_drain(self, drain_timeout: float = 900.0, reason: str = "request_drain") -> int:
-        """Ask every node of the allocation to drain; returns how many agents took it."""
-        return self.session._drain_job(self.job_id, drain_timeout, reason)
-
-    @property
-    def config(self) -> SlurmWorkerAllocationConfig:
-        rec = self.session.record().workers[self.job_id]
-        return SlurmWorkerAllocationConfig.from_dict(rec.config)
-
-    def __repr__(self) -> str:
-        return f"WorkerAllocation(job_id={self.job_id!r})"
-
-
-@dataclass(frozen=True)
-class Head:
-    """The session's current, healthy head."""
-
-    job_id: str
-    address: str
-    session: "Session | None" = field(default=None, compare=False, repr=False)
-
-    def request_drain(self, drain_timeout: float = 300.0, reason: str = "request_drain") -> int:
-        """Phase this head out: it keeps serving until the session elected the
-        next head (its payload drivers get SIGTERM and raise SlurmStepDrained)."""
-        if self.session is None:
-            raise ValueError("this Head is not attached to a session")
-        return self.session._drain_job(self.job_id, drain_timeout, reason)
 
 
 class Session:
@@ -155,7 +121,7 @@ class Session:
         for event, text in launcher_warnings(launcher.auth_mode, launcher.redis_password):
             log.warning("event=%s %s", event, text)
         if ray_head_only:
-            head = resolve_head_config(head)
+            head = resolve_separate_head_config(head)
         elif not launcher.can_host_elected_head:
             # The default layout hosts the head next to the first allocation's
             # own Ray worker; with fixed ports the two would collide.
@@ -304,6 +270,8 @@ class Session:
             raise ConfigError("config", config, "must be a SlurmWorkerAllocationConfig")
         first, head = self._parent_configs(self.record())
         resolved = inherit_worker_config(config, first, head)
+        if (warning := rejoin_timeout_warning(resolved)) is not None:
+            log.warning("event=short_rejoin_timeout session=%s %s", self.job_name, warning)
         spec_path = submit.write_worker_spec(self.dir, resolved)
         job_id = self.jobs.submit(
             submit.worker_spec(self.dir, self.job_name, resolved, self.launcher, spec_path), resolved,
@@ -411,7 +379,7 @@ class Session:
         """A control-channel client for one agent, keyed by this session's secret."""
         return ControlClient(endpoint, self.secret, self.info.session_id)
 
-    def _drain_job(self, job_id: str, drain_timeout: float, reason: str) -> int:
+    def drain_job(self, job_id: str, drain_timeout: float, reason: str) -> int:
         deadline = time.time() + drain_timeout
         # (a head job is not in the workers map; its drain shows in its heartbeat)
         self.dir.update_allocation(lambda r: r.with_worker(replace(
@@ -445,7 +413,7 @@ class Session:
         if state is JobState.PENDING:
             self.scheduler.cancel(job_id)
         elif state.is_active:
-            told = self._drain_job(job_id, drain_timeout, "remove_worker_allocation")
+            told = self.drain_job(job_id, drain_timeout, "remove_worker_allocation")
             if told == 0:
                 # No agent answered (none started yet, or all hung): Slurm ends it.
                 self.scheduler.cancel(job_id)

@@ -6,7 +6,9 @@ elects when it is lost. We do better than polling: the supervisor listens to
 the head's heartbeat all the time, so a lost head is noticed about two
 seconds after it stopped, and it asks the scheduler (one query) every
 ``interval`` seconds for what a heartbeat cannot tell (the job ended while
-Ray still ran, a head close to its walltime). Many processes may do this at
+Ray still ran). A head nearing its walltime drains itself (its agent,
+at its pre-walltime signal or ahead of the walltime) and says so in its
+heartbeat; only then is it moved. Many processes may do this at
 once; the claim in allocation.json makes them run one election.
 
 It also keeps a worker: with ``worker_allocation`` set (or a head-only

@@ -1,0 +1,48 @@
+"""Handles a caller holds: one worker allocation, the current head.
+
+Cheap frozen records of a job id plus the session that made them, valid in
+any process; what they do goes through the session's public methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import SlurmWorkerAllocationConfig
+
+
+@dataclass(frozen=True)
+class WorkerAllocation:
+    """A handle on one worker allocation; cheap, and valid in any process."""
+
+    session: Any  # the Session (typed loosely: session imports this module)
+    job_id: str
+
+    def request_drain(self, drain_timeout: float = 900.0, reason: str = "request_drain") -> int:
+        """Ask every node of the allocation to drain; returns how many agents took it."""
+        return self.session.drain_job(self.job_id, drain_timeout, reason)
+
+    @property
+    def config(self) -> SlurmWorkerAllocationConfig:
+        rec = self.session.record().workers[self.job_id]
+        return SlurmWorkerAllocationConfig.from_dict(rec.config)
+
+    def __repr__(self) -> str:
+        return f"WorkerAllocation(job_id={self.job_id!r})"
+
+
+@dataclass(frozen=True)
+class Head:
+    """The session's current, healthy head."""
+
+    job_id: str
+    address: str
+    session: Any = field(default=None, compare=False, repr=False)
+
+    def request_drain(self, drain_timeout: float = 300.0, reason: str = "request_drain") -> int:
+        """Phase this head out: it keeps serving until the session elected the
+        next head (its payload drivers get SIGTERM and raise SlurmStepDrained)."""
+        if self.session is None:
+            raise ValueError("this Head is not attached to a session")
+        return self.session.drain_job(self.job_id, drain_timeout, reason)

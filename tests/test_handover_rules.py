@@ -1,0 +1,184 @@
+"""The seed's hand-over rules that are not timing: the elector's claim stays
+valid while it waits for a queued successor, a separate head has one node,
+and a short rejoin_timeout is warned about."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from elastic_ray.config import rejoin_timeout_warning, resolve_separate_head_config
+from elastic_ray.config.queue import SlurmQueue, plan_run_layout, plan_session_layout
+from elastic_ray.coordinator import election
+from elastic_ray.coordinator.claims import election_claim, renew_claim
+from elastic_ray.coordinator.failover import Failover
+from elastic_ray.coordinator.session import Session
+from elastic_ray.errors import ConfigError
+from elastic_ray.protocol.records import SessionInfo
+from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.scheduler.base import JobInfo, JobState, Scheduler
+
+
+def _dir(tmp_path) -> SessionDir:
+    return SessionDir.create(tmp_path / "sess", SessionInfo(
+        session_id="s-1", job_name="er-test", created_at=1.0, scheduler={"kind": "local"},
+        head={"partition": "cpu", "time_limit": "60"}))
+
+
+# ---------------------------------------------------------------- the claim while waiting
+
+def test_renew_claim_moves_our_expiry_and_leaves_anothers_claim_alone(tmp_path):
+    d = _dir(tmp_path)
+    with election_claim(d, "a", period=10.0, clock=lambda: 100.0) as claim:
+        assert claim.held
+        assert renew_claim(d, "a", 10.0, clock=lambda: 108.0)
+        rec = d.read_allocation()
+        assert rec.election.claimant == "a" and rec.election.since == 100.0 and rec.election.expires == 118.0
+        # Another process at 115 s finds the claim live (it would be expired without the renewal).
+        assert not renew_claim(d, "b", 10.0, clock=lambda: 115.0)
+        assert d.read_allocation().election.claimant == "a"
+
+
+class _QueuedSuccessor:
+    """Just what ``Failover.wait_head_ready`` uses: the session directory, the
+    claim period, and a successor job that stays PENDING."""
+
+    def __init__(self, directory: SessionDir, period: float):
+        self.dir = directory
+        self.claim_period = period
+        self.job_name = "er-test"
+
+    def job_info(self, job_id: str) -> JobInfo:
+        return JobInfo(job_id=job_id, name=self.job_name, state=JobState.PENDING)
+
+
+def test_waiting_for_a_queued_successor_keeps_the_claim_for_longer_than_its_period(tmp_path):
+    period = 0.6
+    d = _dir(tmp_path)
+    session = _QueuedSuccessor(d, period)
+    failover = Failover(session)  # type: ignore[arg-type]
+    taken = []
+
+    def rival() -> None:
+        # A second process finding the head lost, again and again while the successor is queued.
+        while not done.is_set():
+            rec = d.update_allocation(lambda r: election.claim(r, "rival", time.time(), period)[0])
+            if election.holds_claim(rec, "rival"):
+                taken.append(time.time())
+                return
+            time.sleep(0.05)
+
+    with election_claim(d, failover.claimant, period):
+        failover._renewed_at = time.monotonic()
+        done = threading.Event()
+        thread = threading.Thread(target=rival)
+        thread.start()
+        try:
+            # Five claim periods in the queue: the successor never starts.
+            assert failover.wait_head_ready("42", time.monotonic() + 5 * period) is False
+            assert not taken, "the claim lapsed while the elector waited; a second election could start"
+            # Once the elector stops renewing, the claim does lapse and the rival gets it:
+            # the check above could have failed.
+            thread.join(timeout=5 * period)
+            assert taken, "the rival never took the claim after the renewals stopped"
+        finally:
+            done.set()
+            thread.join()
+
+
+# ---------------------------------------------------------------- one-node separate head
+
+TWO_NODE_HEAD = SlurmRunAllocationConfig(partition="cpu", time_limit="60", num_nodes=2)
+
+
+def test_a_separate_head_allocation_has_one_node():
+    with pytest.raises(ConfigError, match="num_nodes") as refused:
+        resolve_separate_head_config(TWO_NODE_HEAD)
+    assert refused.value.field == "num_nodes"
+    assert resolve_separate_head_config(SlurmRunAllocationConfig(partition="cpu", time_limit="60")).num_nodes == 1
+    with pytest.raises(ConfigError, match="ray_head_allocation.num_nodes"):
+        plan_run_layout(SlurmRunAllocationConfig(partition="cpu", time_limit="60"), TWO_NODE_HEAD, SlurmQueue())
+    with pytest.raises(ConfigError, match="num_nodes"):
+        plan_session_layout(TWO_NODE_HEAD, ray_head_only=True, worker_allocation=None, queue=SlurmQueue())
+    # The default layout's first allocation computes: it may have many nodes.
+    assert plan_session_layout(TWO_NODE_HEAD, ray_head_only=False, worker_allocation=None,
+                               queue=SlurmQueue()).head.num_nodes == 2
+
+
+def test_session_create_refuses_a_multi_node_separate_head_before_submitting(tmp_path):
+    with pytest.raises(ConfigError, match="num_nodes") as refused:
+        Session.create(tmp_path / "s", head=TWO_NODE_HEAD, ray_head_only=True, supervise=False)
+    assert "exactly one node" in str(refused.value)
+    assert not (tmp_path / "s").exists(), "nothing is created or submitted for a refused config"
+
+
+# ---------------------------------------------------------------- rejoin_timeout
+
+@pytest.mark.parametrize("rejoin, warns", [(600.0, False), (300.0, False), (299.0, True), (60.0, True)])
+def test_a_short_rejoin_timeout_is_warned_about(rejoin, warns):
+    warning = rejoin_timeout_warning(SlurmWorkerAllocationConfig(rejoin_timeout=rejoin))
+    assert (warning is not None) is warns
+    if warns:
+        assert "rejoin_timeout" in warning and "elect" in warning
+
+
+class _RecordingScheduler(Scheduler):
+    """Accepts submissions and runs nothing: the warning is about the config."""
+
+    kind = "local"
+
+    def __init__(self, state_dir):
+        self.state_dir = state_dir
+        self.submitted: list = []
+
+    def submit(self, spec):
+        self.submitted.append(spec)
+        return str(100 + len(self.submitted))
+
+    def query(self, job_name, job_ids=()):
+        return {}
+
+    def cancel(self, job_id):
+        pass
+
+    def cancel_by_name(self, job_name):
+        pass
+
+    def signal(self, job_id, signal_name, *, batch=False):
+        pass
+
+    def test_only(self, spec):
+        return 0.0
+
+
+def test_add_worker_allocation_logs_the_rejoin_timeout_warning(tmp_path, caplog):
+    scheduler = _RecordingScheduler(tmp_path / "state")
+    s = Session.create(tmp_path / "s", head=SlurmRunAllocationConfig(partition="cpu", time_limit="60"),
+                       scheduler=scheduler, supervise=False)
+    with caplog.at_level(logging.WARNING, logger="elastic_ray.coordinator"):
+        s.add_worker_allocation(SlurmWorkerAllocationConfig(partition="cpu", rejoin_timeout=120))
+        s.add_worker_allocation(SlurmWorkerAllocationConfig(partition="cpu"))
+    warned = [r for r in caplog.records if "short_rejoin_timeout" in r.getMessage()]
+    assert len(scheduler.submitted) == 3  # the head and both worker allocations
+    assert len(warned) == 1 and "rejoin_timeout=120s" in warned[0].getMessage()
+
+
+# ---------------------------------------------------------------- a driver stopped by Slurm's signal
+
+@pytest.mark.parametrize("signal, end_in, inside", [
+    (None, 10.0, False),            # no pre-walltime signal: a driver's exit is its own
+    ("TERM@50", None, False),       # unlimited
+    ("TERM@50", 200.0, False),      # long before the signal can come
+    ("TERM@50", 50.0 + 35.0, True),  # Slurm's 30 s timer may send it this early
+    ("TERM@50", 50.0, True),
+    ("USR1@600", 400.0, True),
+])
+def test_in_signal_window(signal, end_in, inside):
+    from elastic_ray.coordinator.drivers import in_signal_window
+
+    now = 1_000_000.0
+    assert in_signal_window(signal, None if end_in is None else now + end_in, now) is inside
