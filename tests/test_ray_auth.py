@@ -101,7 +101,8 @@ def test_driver_gets_the_sessions_auth_not_the_callers(tmp_path, monkeypatch, mo
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled" if mode == "token" else "token")
     fake = types.SimpleNamespace(path=directory.path, info=directory.info(), job_name="er-test",
                                  launcher=RayLauncher(auth_mode=mode),
-                                 ray_client_env=lambda: directory.ray_auth_env(mode))
+                                 ray_client_env=lambda: directory.ray_auth_env(mode),
+                                 record=directory.read_allocation)
     dump = "import json, os; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('RAY_')}))"
     head = types.SimpleNamespace(job_id="7", address="127.0.0.2:6379")
     run = PayloadRun(fake, head, [sys.executable, "-c", dump],
