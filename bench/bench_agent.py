@@ -62,7 +62,7 @@ FLOOR_SCRIPT = """#!/bin/bash
 #SBATCH --mem=1G
 #SBATCH --time=10
 #SBATCH --output={out}/floor-%j.out
-export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
+export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token_path}
 exec srun --nodes=1 --ntasks=1 --cpus-per-task={cpus} {ray} start --address={address} --block \\
     --node-ip-address="$(getent hosts "$(hostname)" | cut -d' ' -f1)" --temp-dir=/tmp/rbf/$SLURM_JOB_ID \\
     --num-cpus="$SLURM_CPUS_ON_NODE" --num-gpus=0 --object-store-memory={store} --disable-usage-stats \\
@@ -116,7 +116,8 @@ def job_final(session: Session, job: str) -> bool:
 def floor_run(session: Session, watch: GcsWatch, address: str, work: Path) -> dict:
     script = work / f"floor-{uuid.uuid4().hex[:6]}.sbatch"
     script.write_text(FLOOR_SCRIPT.format(name=session.job_name, partition=PARTITION, cpus=CPUS, out=work, ray=RAY,
-                                          address=address, store=OBJECT_STORE))
+                                          address=address, store=OBJECT_STORE,
+                                          token_path=os.environ["RAY_AUTH_TOKEN_PATH"]))
     t0 = time.time()
     job = slurm("sbatch", "--parsable", str(script)).strip().split(";")[0]
     poll(lambda: watch.alive_job(job), 120)
@@ -201,6 +202,10 @@ def main() -> int:
     floors, ours = [], []
     try:
         address = session.wait_for_head(timeout=180)
+        # The run's Ray uses token auth: this process's GCS client and the
+        # floor's bare `ray start` (same token file, so the floor pays the
+        # same handshake) need it.
+        os.environ.update(session.ray_client_env())
         watch = GcsWatch(address)
         print(f"head {address}; {args.runs} runs each of floor and ours on {PARTITION}, alternating")
         for i in range(args.runs):
