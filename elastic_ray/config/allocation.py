@@ -94,20 +94,31 @@ MANAGED_SBATCH_OPTIONS = frozenset({
 })
 
 
-def _check_sbatch_directives(name: str, value: Any) -> tuple[str, ...]:
+def _long_options(name: str, value: Any, example: str,
+                  shape: str) -> list[tuple[str, str, str, str | None]]:
+    """A list of long options, each ``--name`` or ``--name=value``, as
+    ``(where, item, option, argument)``. The list and item checks both
+    option lists share; what each allows of an option is its caller's."""
     if value is None:
-        return ()
+        return []
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ConfigError(name, value, "must be a list of long options such as ['--requeue']")
-    checked = []
+        raise ConfigError(name, value, f"must be a list {example}")
+    out = []
     for index, item in enumerate(value):
         where = f"{name}[{index}]"
         if not isinstance(item, str):
             raise ConfigError(where, item, "must be a string")
         match = _LONG_OPTION.fullmatch(item)
         if not match:
-            raise ConfigError(where, item, "must be one long option, '--name' or '--name=value'")
-        option, argument = match.group(1), match.group(2)
+            raise ConfigError(where, item, shape)
+        out.append((where, item, match.group(1), match.group(2)))
+    return out
+
+
+def _check_sbatch_directives(name: str, value: Any) -> tuple[str, ...]:
+    checked = []
+    for where, item, option, argument in _long_options(name, value, "of long options such as ['--requeue']",
+                                                       "must be one long option, '--name' or '--name=value'"):
         if argument is not None and (not argument or re.search(r"[\s'\"\\#`$]", argument)):
             raise ConfigError(where, item, "the value must be non-empty, without blanks, quotes, '#', '$', '`' or '\\'")
         clash = sorted(o for o in MANAGED_SBATCH_OPTIONS if o.startswith(option))
@@ -160,19 +171,9 @@ AGENT_OWNED_RAY_OPTIONS = frozenset({
 
 
 def check_ray_start_args(name: str, value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ConfigError(name, value, "must be a list such as ['--num-cpus=8']")
     checked = []
-    for index, item in enumerate(value):
-        where = f"{name}[{index}]"
-        if not isinstance(item, str):
-            raise ConfigError(where, item, "must be a string")
-        match = _LONG_OPTION.fullmatch(item)
-        if not match:
-            raise ConfigError(where, item, "must be '--option' or '--option=value' (one list item per option)")
-        option, argument = match.group(1), match.group(2)
+    for where, item, option, argument in _long_options(
+            name, value, "such as ['--num-cpus=8']", "must be '--option' or '--option=value' (one list item per option)"):
         if argument is not None and ("\n" in argument or "\x00" in argument):
             raise ConfigError(where, item, "the value must not contain a newline or NUL")
         if option in AGENT_OWNED_RAY_OPTIONS:
