@@ -25,6 +25,7 @@ from elastic_ray import (
 )
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.protocol.records import AgentState
+from integration.slurm_helpers import end_session
 from tests.helpers import committed_units as committed, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.timeout(600)]
@@ -51,16 +52,7 @@ def make_session(slurm_lab, monkeypatch):
 
     yield make
     for session in made:
-        session.teardown()
-        wait_until(lambda: not squeue_names(session.job_name), timeout=90,
-                   message=f"jobs of {session.job_name} still listed after teardown")
-
-
-def squeue_names(job_name: str) -> list[str]:
-    out = subprocess.run(["squeue", "-h", f"--name={job_name}", "-o", "%i %T"], capture_output=True, text=True,
-                         timeout=30)
-    assert out.returncode == 0, out.stderr
-    return [line for line in out.stdout.splitlines() if line.strip()]
+        end_session(session)
 
 
 def test_add_wait_and_remove_worker_allocations(make_session):

@@ -14,7 +14,6 @@ lists none of them.
 """
 
 import json
-import subprocess
 import threading
 import uuid
 from pathlib import Path
@@ -37,6 +36,7 @@ from elastic_ray.dagster import (
     SlurmWorkerAllocationConfig,
     build_orphan_sensor,
 )
+from integration.slurm_helpers import end_session, squeue_ids
 from tests.helpers import committed_units, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.timeout(300)]
@@ -49,23 +49,12 @@ CPU_HEAD = SlurmRunAllocationConfig(partition="cpu", cpus_per_task=1, mem="1G", 
 
 # ------------------------------------------------------------------ fixtures and helpers
 
-def squeue_ids(job_name: str) -> list[str]:
-    """Job ids Slurm still lists under ``job_name`` (any state)."""
-    out = subprocess.run(["squeue", "-h", f"--name={job_name}", "-o", "%i"], check=False, capture_output=True,
-                         text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.split()
-
-
 def teardown_all(root: Path) -> None:
     """Cancel the jobs of every session under ``root`` and wait until Slurm lists none."""
     for path in sorted(p for p in root.iterdir() if (p / "session.json").is_file()):
         session = Session.open(path, supervise=False)
         try:
-            session.teardown()
-            name = session.job_name
-            wait_until(lambda name=name: not squeue_ids(name), timeout=90,
-                       message=f"jobs of {path.name} ({name}) still listed after teardown")
+            end_session(session, label=f"{path.name} ({session.job_name})")
         finally:
             session.close()
 

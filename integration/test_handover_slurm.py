@@ -16,7 +16,6 @@ The same scenarios run on the local scheduler in tests/test_handover_local.py.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 import uuid
@@ -26,7 +25,8 @@ import pytest
 
 from elastic_ray import Session, SlurmRunAllocationConfig, SlurmStepDrained, SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
-from tests.helpers import stays, wait_until
+from integration.slurm_helpers import end_session
+from tests.helpers import stays
 from tests.test_handover_local import assert_handed_over, drained_at
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.timeout(600)]
@@ -57,16 +57,7 @@ def make_session(slurm_lab, monkeypatch):
 
     yield make
     for session in made:
-        session.teardown()
-        wait_until(lambda: not squeue_names(session.job_name), timeout=90,
-                   message=f"jobs of {session.job_name} still listed after teardown")
-
-
-def squeue_names(job_name: str) -> list[str]:
-    out = subprocess.run(["squeue", "-h", f"--name={job_name}", "-o", "%i %T"], capture_output=True, text=True,
-                         timeout=30)
-    assert out.returncode == 0, out.stderr
-    return [line for line in out.stdout.splitlines() if line.strip()]
+        end_session(session)
 
 
 def head_and_worker_up(s: Session) -> tuple[str, str, float]:
