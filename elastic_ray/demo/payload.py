@@ -5,6 +5,13 @@ committed units, which is how a payload survives a head failover: the new
 head is a new Ray cluster, so the only state that carries over is what was
 committed outside Ray. :func:`commit_units` is the loop itself, shared with
 the Dagster Pipes variant (``elastic_ray.demo.pipes_payload``).
+
+Two optional environment knobs serve the fault matrix (``integration/faults``),
+which must tell a unit computed twice from a unit committed twice:
+``ELASTIC_RAY_PAYLOAD_TRACE`` names a file that gets one line per attempt
+(``start UNIT TIME NODE``, written by the task on its node) and per commit
+(``commit UNIT TIME``, written by the driver); ``ELASTIC_RAY_PAYLOAD_UNIT_SECONDS``
+sets how long a unit computes (0.3 s by default).
 """
 
 from __future__ import annotations
@@ -25,11 +32,16 @@ def commit_units(path: str, total: int, say: Callable[[str], None] = print) -> d
     import ray
 
     done = set(open(path).read().split()) if os.path.exists(path) else set()
+    trace = os.environ.get("ELASTIC_RAY_PAYLOAD_TRACE") or None
+    seconds = float(os.environ.get("ELASTIC_RAY_PAYLOAD_UNIT_SECONDS") or 0.3)
 
     @ray.remote(num_cpus=1, max_retries=3)
     def work(unit: int) -> tuple[int, str]:
-        time.sleep(0.3)
-        return unit, os.environ.get("SLURMD_NODENAME", socket.gethostname())
+        node = os.environ.get("SLURMD_NODENAME", socket.gethostname())
+        if trace:
+            _append(trace, f"start {unit} {time.time():.3f} {node}\n")
+        time.sleep(seconds)
+        return unit, node
 
     todo = [u for u in range(total) if str(u) not in done]
     say(f"payload: {len(done)} units already committed, {len(todo)} to go")
@@ -41,14 +53,23 @@ def commit_units(path: str, total: int, say: Callable[[str], None] = print) -> d
         nodes = set()
         for unit, node in ray.get([work.remote(u) for u in wave]):
             nodes.add(node)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            os.write(fd, f"{unit}\n".encode())
-            os.fsync(fd)
-            os.close(fd)
+            _append(path, f"{unit}\n")
+            if trace:
+                _append(trace, f"commit {unit} {time.time():.3f}\n")
             committed += 1
         all_nodes |= nodes
         say(f"payload: committed {len(wave)} units on {sorted(nodes)}; cluster CPUs {cpus}; {len(todo)} left")
     return {"already_committed": len(done), "committed_now": committed, "nodes": len(all_nodes)}
+
+
+def _append(path: str, line: str) -> None:
+    """One durable append: a crash after it returns cannot lose the line."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def main() -> int:

@@ -1,0 +1,254 @@
+"""The faults themselves, as an operator (or a cluster) would cause them on the lab.
+
+Every lab node shares the host's PID namespace, so the host sees (and can
+signal) every process of every node; a process's node and job come from the
+``SLURMD_NODENAME`` / ``SLURM_JOB_ID`` in its environment, which Ray's
+processes inherit from the agent that started them. Nothing here ends a
+process it did not find under one of the session's own job ids, except the
+lab's own daemons (``slurmd``, ``slurmctld``), whose pids the lab records and
+whose restart the lab itself performs.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+import labctl  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process of the session seen from the host."""
+
+    pid: int
+    node: str
+    job: str
+    kind: str  # agent | raylet | gcs | driver | ray (any other Ray process) | other
+    cmd: str
+
+
+def _kind(argv: list[str]) -> str:
+    text = " ".join(argv)
+    exe = os.path.basename(argv[0]) if argv else ""
+    if exe == "raylet" or "/raylet " in text or text.endswith("/raylet"):
+        return "raylet"
+    if exe == "gcs_server" or "gcs_server" in (argv[0] if argv else ""):
+        return "gcs"
+    if "elastic-agent" in text or "elastic_ray.agent" in text:
+        return "agent"
+    if "elastic_ray.demo.payload" in text:
+        return "driver"
+    if "ray" in text:
+        return "ray"
+    return "other"
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        key, eq, value = item.partition(b"=")
+        if eq:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def session_processes(job_ids: set[str]) -> list[Proc]:
+    """Every live process (not a zombie) whose environment carries one of ``job_ids``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        if pid == os.getpid():
+            continue
+        env = _environ(pid)
+        job = env.get("SLURM_JOB_ID")
+        if not job or job not in job_ids or not labctl.pid_alive(pid):
+            continue
+        try:
+            argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        except OSError:
+            continue
+        if not argv or os.path.basename(argv[0]) in ("slurmstepd", "srun", "sleep", "sh", "bash"):
+            continue
+        found.append(Proc(pid, env.get("SLURMD_NODENAME", "?"), job, _kind(argv), " ".join(argv)[:160]))
+    return found
+
+
+def kill_one(job_ids: set[str], kind: str, node: str | None = None, sig: int = signal.SIGKILL) -> Proc:
+    """SIGKILL the one process of ``kind`` (on ``node``) among the session's; fails if none."""
+    matches = [p for p in session_processes(job_ids) if p.kind == kind and (node is None or p.node == node)]
+    if kind == "agent" and len(matches) > 1:
+        # The agent re-execs nothing, but `elastic-agent` may sit behind a wrapper: the oldest one is the agent.
+        matches.sort(key=lambda p: p.pid)
+    if not matches:
+        raise RuntimeError(f"no {kind} process of jobs {sorted(job_ids)} on {node or 'any node'}")
+    victim = matches[0]
+    os.kill(victim.pid, sig)
+    return victim
+
+
+def settings() -> labctl.Settings:
+    return labctl.settings_from_env()
+
+
+def node_of(name: str) -> tuple[int, labctl.Node]:
+    for k, node in enumerate(labctl.nodes(), start=1):  # numbered as labctl.net_up numbers veths
+        if node.name == name:
+            return k, node
+    raise KeyError(name)
+
+
+def link(node: str, up: bool) -> None:
+    """Cut (or restore) ``node``'s only link: its veth's host side, on the lab bridge."""
+    k, _ = node_of(node)
+    veth = settings().veth(k)
+    subprocess.run(["ip", "link", "set", veth, "up" if up else "down"], check=True, timeout=30)
+    if up:
+        subprocess.run(["ip", "link", "set", veth, "master", settings().bridge], check=False, timeout=30)
+
+
+def kill_slurmd(node: str) -> int:
+    s = settings()
+    pid = labctl.slurmd_pid(s, node)
+    if not pid:
+        raise RuntimeError(f"no slurmd on {node}")
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def kill_slurmctld() -> int:
+    pid = labctl.ctld_pid(settings())
+    if not pid:
+        raise RuntimeError("no slurmctld")
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def repair_lab() -> None:
+    """Restart the lab's dead daemons (slurmd, slurmctld), as `lab up` does; keeps jobs."""
+    labctl.up(len(labctl.nodes()) or labctl.DEFAULT_NODES)
+
+
+def node_states() -> dict[str, str]:
+    return labctl.node_states(settings())
+
+
+def wait_node_ready(node: str, timeout: float = 90.0) -> None:
+    """Wait until Slurm lists ``node`` idle/mixed/allocated again (after a slurmd restart)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = node_states().get(node, "")
+        if state.rstrip("*") in ("idle", "mix", "alloc") and not state.endswith("*"):
+            return
+        if state.startswith("down") or state.startswith("drain"):
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False,
+                           capture_output=True, timeout=30)
+        time.sleep(1.0)
+    raise RuntimeError(f"node {node} not back in Slurm after {timeout:.0f}s: {node_states().get(node)}")
+
+
+def on_node(node: str, argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
+    """Run ``argv`` inside ``node``'s namespaces (network, hostname, private /tmp), as its jobs see them.
+
+    Enters the namespaces of the node's slurmd, so it works while no job of
+    ours runs there (e.g. to ask `elastic-agent status` about a dead agent).
+    """
+    pid = labctl.slurmd_pid(settings(), node)
+    if not pid:
+        return subprocess.CompletedProcess(argv, 99, "", f"no slurmd on {node}")
+    cmd = ["nsenter", f"--target={pid}", "--net", "--uts", "--mount", "--"] + argv
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+class LoopFs:
+    """A small ext4 filesystem that the host and every node see at one path.
+
+    Lab nodes live in private mount namespaces, so a mount made on the host
+    after they started is invisible to them; mounting the same loop device in
+    each node's namespace gives them the one superblock, like an NFS export.
+    ``fill()`` takes all its free space until ``free()``.
+    """
+
+    def __init__(self, where: Path, size_mb: int = 64):
+        self.where = where
+        self.image = where.with_suffix(".img")
+        self.size_mb = size_mb
+        self.device: str | None = None
+        self.mounted_in: list[int] = []
+        self.filler = where / ".filler"
+
+    def __enter__(self) -> "LoopFs":
+        self.where.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["truncate", "-s", f"{self.size_mb}M", str(self.image)], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(self.image)], check=True)
+        self.device = subprocess.run(["losetup", "-f", "--show", str(self.image)], check=True,
+                                     capture_output=True, text=True).stdout.strip()
+        subprocess.run(["mount", self.device, str(self.where)], check=True)
+        self.mounted_in.append(0)
+        s = settings()
+        for node in labctl.nodes():
+            pid = labctl.slurmd_pid(s, node.name)
+            if pid:
+                subprocess.run(["nsenter", f"--target={pid}", "--mount", "--", "mount", self.device,
+                                str(self.where)], check=True)
+                self.mounted_in.append(pid)
+        return self
+
+    def fill(self) -> None:
+        """Take every free block (a file as large as the free space)."""
+        st = os.statvfs(self.where)
+        free = st.f_bavail * st.f_frsize
+        with open(self.filler, "wb") as f:
+            try:
+                f.truncate(0)
+                os.posix_fallocate(f.fileno(), 0, max(free - 4096, 4096))
+            except OSError:
+                pass
+            chunk = b"\0" * (1 << 20)
+            try:
+                while True:
+                    f.write(chunk)
+                    f.flush()
+            except OSError:
+                pass
+
+    def free(self) -> None:
+        try:
+            self.filler.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+        for pid in reversed(self.mounted_in):
+            if pid == 0:
+                cmd = ["umount", "-l", str(self.where)]
+            else:
+                cmd = ["nsenter", f"--target={pid}", "--mount", "--", "umount", "-l", str(self.where)]
+            subprocess.run(cmd, check=False, capture_output=True)
+        if self.device:
+            subprocess.run(["losetup", "-d", self.device], check=False, capture_output=True)
+        try:
+            self.image.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def quote(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
