@@ -17,12 +17,11 @@ Threads and what they share:
   ``transitions``, ``_signals`` (signal handlers run on it), ``_exit_code``,
   the timers ``_next_*``, the heartbeat socket (``agent.publishing``) and the
   followed head's watch (``agent.following``); only the loop writes the status;
-- ``agent-effects`` runs the queued slow actions in order; it and the other
-  helper threads (``agent-signal``, ``agent-ask-head``, ``agent-head-probe``)
-  hand their results to the loop through ``_events`` (machine events, or
-  callables the loop runs) instead of writing loop-owned state. The one flag
-  a helper thread sets is ``_status_soon`` (a ``threading.Event``: the
-  hosted-head thread asks for a prompt status);
+- ``agent-effects`` runs the queued slow actions in order; it and the other helper
+  threads (``agent-signal``, ``agent-ask-head``, ``agent-head-probe``, ``agent-slurmd-job``)
+  hand their results to the loop through ``_events`` (machine events, or callables the
+  loop runs) instead of writing loop-owned state. The one flag a helper thread sets
+  is ``_status_soon`` (a ``threading.Event``: the hosted-head thread asks for a prompt status);
 - the Ray nodes and their generation are guarded by ``LocalRay.lock``
   (``agent.local_ray``); the hosted head's record by ``HostedHead._lock``
   (``agent.hosted_head``).
@@ -80,6 +79,7 @@ from .machine import (
 )
 from .publishing import HeadPublishing
 from .signal_drain import DRAIN_SIGNALS, WalltimeWatch, drain_for_signal
+from .slurmd_watch import SlurmdWatch
 from .private_dirs import ensure_private_dir
 from .status import REFRESH_SECONDS, prune, status_path, write_status
 from .walltime import serves_head
@@ -117,12 +117,11 @@ class Agent:
         self._work: "queue.Queue[Callable[[], None] | None]" = queue.Queue()
         self._signals: list[int] = []
         self._exit_code: int | None = None
-        self._next_beat = 0.0
-        self._next_pointer = 0.0
-        self._next_status = 0.0
+        self._next_beat = self._next_pointer = self._next_status = 0.0
         self._status_soon = threading.Event()
         self.walltime = WalltimeWatch(self.info.scheduler, self.info.job_name, options.job_id,
                                       options.head_drain_lead, self._log, self._post_call)
+        self.slurmd = SlurmdWatch.for_agent(self.info, options, self._log, self._post_call, self._feed)
         self.zctx = zmq.Context.instance()
         self.control = ControlServer(self.secret, self.info.session_id, options.node_ip, context=self.zctx)
         self.publishing = HeadPublishing(self.session, self.secret, place, self.zctx, self.control.endpoint,
@@ -183,6 +182,7 @@ class Agent:
         worker.start()
         self.ctx, actions = initial(self.settings, time.time(), self.o.job_id)
         self._log("agent_started", control=self.control.endpoint, pid=os.getpid(), nofile=_raise_nofile_limit())
+        self.slurmd.start()
         self.local.remove_stale_temp_dirs()
         try:
             prune()
@@ -247,6 +247,7 @@ class Agent:
             self._watch_ray(now)
             self._check_handover(now)
             self._check_walltime(now)
+            self.slurmd.check(now)
             self.follower.check_silent(now)
             self._feed(self.follower.seen(now))
             self._feed(Tick(now))

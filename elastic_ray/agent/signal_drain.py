@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..scheduler.base import JobState
+from ..scheduler.base import JobInfo, JobState
 from .machine import DrainRequested, drain_deadline_for_signal
 from .walltime import WalltimeFacts, walltime_drain
 
@@ -28,18 +28,25 @@ SIGNAL_LOOKUP_TIMEOUT = 5.0
 END_TIME_REFRESH = 60.0
 
 
+def own_job_info(scheduler: dict[str, Any], job_name: str, job_id: str, timeout: float) -> JobInfo | None:
+    """This agent's job as the scheduler lists it: ONE query (all jobs of the
+    session's name, as every poll). Raises when the scheduler does not
+    answer within ``timeout``; None when it does not list the job."""
+    from ..scheduler.factory import make_scheduler
+
+    sched = make_scheduler(scheduler["kind"], state_dir=scheduler.get("state_dir"))
+    if hasattr(sched, "timeout"):
+        sched.timeout = timeout  # type: ignore[attr-defined]
+    return sched.query(job_name, [job_id]).get(job_id)
+
+
 def lookup_job(scheduler: dict[str, Any], job_name: str, job_id: str,
                log: Callable[..., None]) -> tuple[JobState | None, float | None]:
     """This job's state and planned end as the scheduler reports them; (None,
     None) when it does not answer within SIGNAL_LOOKUP_TIMEOUT. Also used by
     the walltime drain of a head without a pre-walltime signal."""
     try:
-        from ..scheduler.factory import make_scheduler
-
-        sched = make_scheduler(scheduler["kind"], state_dir=scheduler.get("state_dir"))
-        if hasattr(sched, "timeout"):
-            sched.timeout = SIGNAL_LOOKUP_TIMEOUT  # type: ignore[attr-defined]
-        info = sched.query(job_name, [job_id]).get(job_id)
+        info = own_job_info(scheduler, job_name, job_id, SIGNAL_LOOKUP_TIMEOUT)
         if info is not None:
             return info.state, info.end_time
     except Exception as exc:
