@@ -414,7 +414,7 @@ def fuzz_cases(rng: random.Random, endpoint: str, captured: list[list[bytes]]):
         elif category == "replay":
             yield list(rng.choice(captured)), "replay"
         elif category == "wrong_secret":
-            yield valid(rng.choice(sorted(REQUEST_KINDS - {"drain", "follow", "host_head"})),
+            yield valid(rng.choice(sorted(REQUEST_KINDS - {"drain", "follow", "host_head", "mark_dead"})),
                         secret=WRONG_SECRET), "bad_tag"
         elif category == "parts":
             parts = valid()

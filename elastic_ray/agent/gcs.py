@@ -230,3 +230,30 @@ def node_alive(address: str, node_id: str, timeout: float = 10.0, *, env: Mappin
     if not isinstance(answer.get("alive"), bool):
         raise ProbeError("alive", "malformed", "'alive' is not a bool")
     return answer["alive"]
+
+
+@dataclass(frozen=True)
+class MarkDeadResult:
+    """What ``mark-dead`` did: ``marked`` were ALIVE and are DEAD now;
+    ``already_dead`` were not ALIVE (or unknown to this GCS); ``still_alive``
+    survived the request (should not happen; reported, not hidden)."""
+
+    marked: tuple[str, ...]
+    already_dead: tuple[str, ...]
+    still_alive: tuple[str, ...]
+
+
+def mark_nodes_dead(address: str, node_ids: Sequence[str], *, message: str, timeout: float = 10.0,
+                    env: Mapping[str, str] | None = None) -> MarkDeadResult:
+    """Tell the GCS at once that ``node_ids`` are gone (see ``gcs_probe`` ``mark-dead``)."""
+    if not node_ids:
+        return MarkDeadResult((), (), ())
+    answer = run_probe("mark-dead", [f"--address={address}", f"--node-ids={','.join(node_ids)}",
+                                     f"--message={message}"], timeout, env=env)
+    lists = {}
+    for key in ("marked", "already_dead", "still_alive"):
+        value = answer.get(key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ProbeError("mark-dead", "malformed", f"{key!r} is not a list of node ids")
+        lists[key] = tuple(value)
+    return MarkDeadResult(**lists)

@@ -58,6 +58,8 @@ def start_and_join(local: LocalRay, head_address: str | None, generation: int, r
         return None
     handle.raylet = find_proc(handle.node.raylet_pid())
     if joined.node_id:
+        if role == "worker":   # the node a worker agent reports gone after stopping it (agent.node_gone)
+            handle.node_id = joined.node_id
         log("ray_joined", node_id=joined.node_id, seconds=f"{time.time() - handle.started:.2f}",
             raylet_pid=handle.raylet.pid if handle.raylet else "-", seen_in=joined.how)
         return RayJoined(time.time(), joined.node_id)

@@ -32,7 +32,7 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -43,6 +43,7 @@ from ..config.launcher import RayLauncher
 from . import gcs
 from .machine import DrainRay
 from .private_dirs import LEGACY_TEMP_ROOT, ensure_private_dir, remove_path, sweep_temp_roots, user_temp_root
+from .health_check import head_health_env
 from .ray_args import build_ray_start, choose_ports, slurm_cpus_on_node, worker_gpus
 from .ray_memory import MemoryPlan, plan_memory, read_cgroup_limit, shm_free_bytes
 from .ray_node import RayNode, free_port
@@ -61,6 +62,7 @@ class RayHandle:
     reported: bool = False  # its end was already fed to the machine
     started: float = 0.0
     log_path: Path | None = None
+    node_id: str | None = None  # a worker node's Ray id once joined (join.start_and_join)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,9 @@ class LocalRay:
         self._starts = 0
         self._temp_dirs: list[str] = []
         self.stopping = False
+        # Called after a worker node that had joined was stopped (the agent
+        # reports it gone to the head: agent.node_gone); set once, before any start.
+        self.on_stopped: Callable[[RayHandle], None] | None = None
 
     # ------------------------------------------------------------ orders (event loop)
     def supersede(self) -> tuple[int, RayHandle | None]:
@@ -129,6 +134,8 @@ class LocalRay:
             cmd = build_ray_start("head", job_id=p.job_id, node_ip=p.node_ip, temp_dir=temp_dir,
                                   launcher=self.launcher, ports=ports, memory_bytes=plan.memory,
                                   object_store_bytes=plan.object_store, labels=labels, token_path=self.token_path)
+            # The GCS's own detector, for nodes nobody reports gone (agent.health_check).
+            cmd = replace(cmd, env={**head_health_env(os.environ, self.launcher.env), **cmd.env})
         else:
             cmd = build_ray_start(
                 "worker", job_id=p.job_id, node_ip=p.node_ip, temp_dir=temp_dir, launcher=self.launcher,
@@ -180,6 +187,8 @@ class LocalRay:
         # Ray's per-node files (sockets, spilled objects, its own logs) are
         # of no use once the node is gone; our log of `ray start` is kept.
         shutil.rmtree(handle.temp_dir, ignore_errors=True)
+        if handle.node_id and self.on_stopped is not None:
+            self.on_stopped(handle)
 
     def kill_hosted(self, handle: RayHandle) -> None:
         """A hosted head that did not start: it serves nobody."""

@@ -38,7 +38,6 @@ import errno
 import logging
 import os
 import queue
-import resource
 import signal
 import threading
 import time
@@ -58,7 +57,9 @@ from . import join
 from .following import HeadFollower
 from .hosted import HostSettings
 from .hosted_head import HostedHead
+from .limits import raise_nofile_limit
 from .local_ray import LocalRay, NodePlace, RayHandle
+from .node_gone import GoneReporter, MarkDeadService
 from .options import AgentOptions, hosts_head_at_start, load_allocation
 from .machine import (
     Context,
@@ -134,6 +135,11 @@ class Agent:
             self.local, options.start_timeout, log=self._log, ensure_publisher=self.publishing.ensure,
             write_endpoint=self.publishing.write_endpoint, publish_status=lambda: self._publish_status(force_session=True),
             status_soon=self._request_status)
+        self.mark_dead = MarkDeadService(self.session, options.job_id, self._serves_head, self._post_call,
+                                         self.control.answer, self._log)
+        self.gone = GoneReporter(self.session, self.secret, self.info.session_id, self._log)
+        self.local.on_stopped = lambda h: self.gone.report(h.node_id, h.address, f"agent of job {options.job_id} "
+                                                                             f"on {options.node} stopped its Ray node")
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -181,7 +187,7 @@ class Agent:
         worker = threading.Thread(target=self._work_loop, name="agent-effects", daemon=True)
         worker.start()
         self.ctx, actions = initial(self.settings, time.time(), self.o.job_id)
-        self._log("agent_started", control=self.control.endpoint, pid=os.getpid(), nofile=_raise_nofile_limit())
+        self._log("agent_started", control=self.control.endpoint, pid=os.getpid(), nofile=raise_nofile_limit())
         self.slurmd.start()
         self.local.remove_stale_temp_dirs()
         try:
@@ -305,10 +311,13 @@ class Agent:
         if code is not None:
             self._exit_code = code
 
+    def _serves_head(self) -> bool:
+        return serves_head(self.o.role, self.o.job_id, self.follower.watch.job, self.hosted_head.record.ready)
+
     def _check_walltime(self, now: float) -> None:
         """The head drains itself ahead of its walltime when Slurm sends it no
         warning signal (``signal_drain.WalltimeWatch``)."""
-        serves = serves_head(self.o.role, self.o.job_id, self.follower.watch.job, self.hosted_head.record.ready)
+        serves = self._serves_head()
         drain = self.walltime.check(now, serves, self.ctx.state is State.JOINED,
                                     self.allocation.signal_before_timeout is not None)
         if drain is not None:
@@ -399,6 +408,8 @@ class Agent:
             return {"ok": True, "state": self.ctx.state.value}
         if kind == "host_head":
             return self.hosted_head.request(time.time())
+        if kind == "mark_dead":
+            return self.mark_dead.request(body)
         return {"ok": False, "error": f"unsupported request {kind}"}
 
     # ------------------------------------------------------------ effects (run on the effects thread)
@@ -491,6 +502,7 @@ class Agent:
             except Exception as exc:
                 log.warning("event=stop_failed job=%s error=%s", self.o.job_id, exc)
         self.local.sweep()
+        self.gone.wait()
         self._log("agent_exit", code=self._exit_code)
         self._publish_status(force_session=True)
         self.follower.subscribe(None)
@@ -498,22 +510,3 @@ class Agent:
         self.publishing.close()
         signal.set_wakeup_fd(-1)
 
-
-def _raise_nofile_limit() -> int:
-    """Raise this process's soft descriptor limit to its hard limit; return it.
-
-    Every TCP connection to the control port holds a descriptor until the
-    CURVE handshake times out; a soft limit of 1024 (a common default) would
-    let a few hundred idle connections starve the agent's own sockets and
-    files. The hard limit is what the site allows, so this asks for nothing
-    more; Ray, started from here, inherits it (and raises its own anyway).
-    """
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
-        if soft != resource.RLIM_INFINITY and soft < target:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ValueError, OSError) as exc:
-        log.warning("event=nofile_limit_unchanged error=%s", exc)
-        return -1

@@ -44,6 +44,9 @@ class SessionJobs:
         # Strays this process already cancelled: a cancelled job stays
         # active (COMPLETING) for a while, and one scancel is enough.
         self._cancelled: set[str] = set()
+        # Called with every scheduler answer (e.g. .lost_nodes): they see
+        # each state change without a query of their own. Must return at once.
+        self.observers: list[Callable[[dict[str, JobInfo]], None]] = []
 
     @property
     def user(self) -> str:
@@ -54,7 +57,13 @@ class SessionJobs:
     # ------------------------------------------------------------ observe
     def listing(self, ids: Iterable[str]) -> dict[str, JobInfo]:
         """ONE scheduler query: the session's name, its user, plus ``ids``."""
-        return self.scheduler.query(self.info.job_name, sorted(set(ids), key=int), user=self.user)
+        listed = self.scheduler.query(self.info.job_name, sorted(set(ids), key=int), user=self.user)
+        for observe in self.observers:
+            try:
+                observe(listed)
+            except Exception:   # an observer must never break a query
+                log.exception("event=observer_failed session=%s", self.info.job_name)
+        return listed
 
     def query(self, rec: AllocationRecord, extra: Iterable[str] = ()) -> dict[str, JobInfo]:
         """The session's jobs (one query), after settling any stray it shows."""

@@ -42,6 +42,7 @@ from .claims import ClaimOutcome, election_claim
 from .drivers import PayloadRun
 from .failover import CONTROL_TIMEOUT, HEAD_START_GRACE, Failover
 from .jobs import RecordAs, SessionJobs
+from .lost_nodes import LostNodeReporter
 from .handles import Head, WorkerAllocation
 from .headwatch import HeadObservation, HeadWatch
 from .supervise import HeadSupervisor
@@ -61,6 +62,9 @@ class Session:
         self.scheduler = scheduler or make_scheduler(self.info.scheduler["kind"],
                                                      state_dir=self.info.scheduler.get("state_dir"))
         self.jobs = SessionJobs(directory, self.scheduler, self.info)
+        # Ray nodes of allocations that ended: reported to the head at once.
+        self.lost_nodes = LostNodeReporter(directory, self.control)
+        self.jobs.observers.append(self.lost_nodes.observe)
         self.claim_period = claim_period
         self._secret: bytes | None = None
         self._watch: HeadWatch | None = None
@@ -85,6 +89,7 @@ class Session:
         if self._watch is not None:
             self._watch.close()
             self._watch = None
+        self.lost_nodes.close()
 
     def __enter__(self) -> "Session":
         return self

@@ -76,7 +76,20 @@ from .sockets import (
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Envelope], Mapping[str, Any]]
+
+
+class Deferred:
+    """What a handler returns to answer later: for a request whose work takes
+    seconds (a GCS probe), so the agent's loop is not held up meanwhile. The
+    server notes where the reply goes; the owner of the socket later calls
+    ``ControlServer.answer(deferred, body)`` from its own thread (ZeroMQ
+    sockets are not thread-safe). The caller's timeout still bounds its wait."""
+
+    def __init__(self) -> None:
+        self.route: tuple[bytes, bytes, str] | None = None
+
+
+Handler = Callable[[Envelope], "Mapping[str, Any] | Deferred"]
 
 _HWM = 100            # messages queued per peer; with 64 KiB parts at most ~13 MB per peer
 _DRAIN_BATCH = 1000   # messages handled per handle_ready call, so a flood cannot starve the agent
@@ -180,6 +193,9 @@ class ControlServer:
         self.accepted += 1
         try:
             result = handler(request)
+            if isinstance(result, Deferred):
+                result.route = (identity, request.nonce, request.kind)
+                return
             if not isinstance(result, Mapping):
                 raise TypeError(f"handler returned {type(result).__name__}, not a dict")
             body = {"ok": True, **result}
@@ -188,19 +204,29 @@ class ControlServer:
             self._log.error("event=handler_failed kind=%s error=%r", request.kind, exc)
             self._log.debug("handler traceback", exc_info=True)
             body = {"ok": False, "error": _error_text(exc)}
+        self._send_reply(identity, request.nonce, request.kind, body)
+
+    def answer(self, deferred: "Deferred", result: Mapping[str, Any]) -> None:
+        """Send the reply a handler deferred (on the thread that owns the socket)."""
+        if deferred.route is None:
+            raise ValueError("this Deferred was never returned by a handler")
+        identity, nonce, kind = deferred.route
+        deferred.route = None  # one reply per request
+        self._send_reply(identity, nonce, kind, {"ok": True, **result})
+
+    def _send_reply(self, identity: bytes, nonce: bytes, kind: str, body: Mapping[str, Any]) -> None:
         try:
-            reply = seal(self._secret, self._session_id, REPLY_KIND, body, re=request.nonce)
+            reply = seal(self._secret, self._session_id, REPLY_KIND, body, re=nonce)
         except (ValueError, TypeError) as exc:
             self.handler_errors += 1
-            self._log.error("event=reply_unsealable kind=%s error=%r", request.kind, exc)
+            self._log.error("event=reply_unsealable kind=%s error=%r", kind, exc)
             reply = seal(self._secret, self._session_id, REPLY_KIND,
-                         {"ok": False, "error": "reply could not be sealed: " + _error_text(exc)},
-                         re=request.nonce)
+                         {"ok": False, "error": "reply could not be sealed: " + _error_text(exc)}, re=nonce)
         try:
             self.socket.send_multipart([identity, *reply], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # Again (peer's queue full); the peer may also be gone
             self.replies_dropped += 1
-            self._log.warning("event=reply_dropped kind=%s error=%s", request.kind, exc)
+            self._log.warning("event=reply_dropped kind=%s error=%s", kind, exc)
 
     def close(self) -> None:
         if self._socket is not None:

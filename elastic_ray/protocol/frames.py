@@ -20,7 +20,7 @@ The envelope is a map with exactly these keys::
 
     v      int    protocol version, 1
     kind   str    request ("status", "drain", "follow", "host_head",
-                  "shutdown"), "reply" or "heartbeat"
+                  "shutdown", "mark_dead"), "reply" or "heartbeat"
     ts     float  the sender's unix time when sealing
     nonce  bytes  16 random bytes, never reused
     sid    str    session id (a key shared by two sessions by mistake
@@ -84,7 +84,7 @@ SKEW_WINDOW = 30.0
 DEFAULT_GUARD_CAPACITY = 8192
 """About 2 MB when full; allows ~270 accepted frames per second sustained."""
 
-REQUEST_KINDS = frozenset({"status", "drain", "follow", "host_head", "shutdown"})
+REQUEST_KINDS = frozenset({"status", "drain", "follow", "host_head", "shutdown", "mark_dead"})
 REPLY_KIND = "reply"
 HEARTBEAT_KIND = "heartbeat"
 ALL_KINDS = REQUEST_KINDS | {REPLY_KIND, HEARTBEAT_KIND}
@@ -105,6 +105,10 @@ _UNPACK_LIMITS = dict(
 
 _MAX_SESSION_ID = 128
 _MAX_TEXT = 1024
+RAY_NODE_ID_HEX = 56
+"""A Ray node id is 28 bytes, written as 56 lowercase hex digits."""
+MAX_MARK_DEAD_IDS = 128
+"""Node ids per ``mark_dead`` request (about 7 KiB); a caller with more sends several."""
 
 
 class FrameRejected(ElasticRayError):
@@ -168,6 +172,23 @@ def _job_id(value: Any) -> str | None:
     return None
 
 
+def is_ray_node_id(value: Any) -> bool:
+    """A Ray node id as the GCS and our node files write it (56 lowercase hex digits)."""
+    return (isinstance(value, str) and len(value) == RAY_NODE_ID_HEX
+            and all(c in "0123456789abcdef" for c in value))
+
+
+def _node_ids(value: Any) -> str | None:
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_MARK_DEAD_IDS:
+        return f"must be a list of 1 to {MAX_MARK_DEAD_IDS} Ray node ids"
+    for item in value:
+        if not is_ray_node_id(item):
+            return f"must hold Ray node ids ({RAY_NODE_ID_HEX} lowercase hex digits), got {_clip(repr(item), 70)}"
+    if len(set(value)) != len(value):
+        return "must not repeat a node id"
+    return None
+
+
 def _boolean(value: Any) -> str | None:
     return None if isinstance(value, bool) else f"must be a boolean, got {type(value).__name__}"
 
@@ -192,6 +213,8 @@ BODY_SCHEMAS: Mapping[str, BodySchema] = MappingProxyType({
     "follow": BodySchema({"head_job": (_job_id, True)}),
     "host_head": BodySchema({"head_job": (_job_id, True)}),
     "shutdown": BodySchema({"reason": (_text, False)}),
+    # To the agent serving the run's head: mark these Ray nodes DEAD in its GCS now.
+    "mark_dead": BodySchema({"node_ids": (_node_ids, True), "reason": (_text, True)}),
     # Replies: whatever the handler returned, plus a mandatory verdict.
     "reply": BodySchema({"ok": (_boolean, True), "error": (_text, False)}, open=True),
     # Heartbeats: src names one publisher instance, seq strictly increases per src.
