@@ -501,6 +501,8 @@ def test_add_worker_with_a_bad_time_is_a_usage_error_naming_the_option(sleepy):
     (["--mem", "1G", "--mem-per-cpu", "1G"], "--mem-per-cpu: --mem and --mem-per-cpu are exclusive"),
     (["--nodes", "two"], "Invalid value for '--nodes'"),
     (["--timeout", "0"], "Invalid value for '--timeout'"),
+    (["--resubmit-on-failure", "-1"], "Invalid value for '--resubmit-on-failure'"),
+    (["--resubmit-on-failure", "x"], "Invalid value for '--resubmit-on-failure'"),
 ])
 def test_add_worker_bad_options_exit_2(tmp_path, args, words):
     result = CliRunner().invoke(main, ["session", "add-worker", str(tmp_path), *args])
@@ -519,13 +521,15 @@ def test_add_worker_no_wait_submits_and_teardown_leaves_nothing_active(sleepy):
     path = str(sleepy["dir"].path)
     scheduler = sleepy["scheduler"]
     result = _run(sleepy, "add-worker", path, "--partition", "cpu", "--nodes", "1", "--cpus-per-task", "1",
-                  "--mem", "256M", "--time", "5", "--ray-resource", "accelerator:test=1", "--no-wait")
+                  "--mem", "256M", "--time", "5", "--ray-resource", "accelerator:test=1", "--no-wait",
+                  "--resubmit-on-failure", "2")
     assert result.exit_code == 0, result.output
     job = result.stdout.strip()
     assert job.isdigit() and job not in (sleepy["head"], sleepy["worker"])
     assert f"submitted worker allocation {job}" in result.stderr
     worker = sleepy["dir"].read_allocation().workers[job]
     assert worker.config["ray_resources"] == {"accelerator:test": 1.0}
+    assert worker.resubmit_on_failure == 2
     assert worker.config["time_limit"] == "5"
 
     result = _run(sleepy, "teardown", path, "--timeout", "60")
@@ -548,8 +552,11 @@ def test_status_shows_ended_unknown_for_a_job_the_scheduler_never_knew(sleepy):
         WorkerRecord(job_id="999999", config={"partition": "cpu"}, submitted_at=time.time())))
     result = _run(sleepy, "status", str(sleepy["dir"].path))
     assert result.exit_code == 0, result.output
-    line = next(line for line in result.stdout.splitlines() if "999999" in line)
+    line = next(line for line in result.stdout.splitlines() if "999999" in line and line.lstrip().startswith("worker"))
     assert "ENDED_UNKNOWN" in line and "cpu" in line
+    # Its job ended while the session still wanted it: the status's query recorded it as a failure.
+    assert "1 worker allocation(s) ended without being asked: 999999 ENDED_UNKNOWN" in result.stdout
+    assert sleepy["dir"].read_allocation().workers["999999"].ended.state == "ENDED_UNKNOWN"
 
 
 def test_remove_worker_cancels_an_allocation_without_agents_and_prints_its_state(sleepy):
