@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from elastic_ray.agent import status as st
@@ -125,4 +126,38 @@ def test_json_output_is_the_record_plus_liveness_and_path(tmp_path):
     state = record("3", "JOINED")
     path = write(tmp_path, state)
     (shown,) = json.loads(st.render_json(st.collect(tmp_path, NOW)))
-    assert shown == {**state.to_dict(), "liveness": "running", "status_file": str(path)}
+    assert shown == {**state.to_dict(), "liveness": "running", "shown_state": "JOINED", "status_file": str(path)}
+
+
+# ---------------------------------------------------------------- a dead agent never reads as JOINED
+
+@pytest.mark.parametrize("state, exited, updated, pid_alive, liveness, shown", [
+    ("JOINED", False, NOW - 1, True, "running", "JOINED"),
+    ("JOINED", False, NOW - 1, False, "dead", "DEAD (agent pid {pid} gone; last state JOINED)"),
+    ("JOINED", False, NOW - 180, False, "dead", "DEAD (agent pid {pid} gone; last state JOINED)"),
+    ("JOINED", False, NOW - 180, True, "not responding",
+     "NOT RESPONDING (agent pid {pid} alive, file not refreshed; last state JOINED)"),
+    ("DRAINING", False, NOW - 5, False, "dead", "DEAD (agent pid {pid} gone; last state DRAINING)"),
+    ("LEFT", True, NOW - 5, False, "exited", "LEFT"),
+    ("FAILED", True, NOW - 5, False, "exited", "FAILED"),
+    # Exited flag without an ending state: the file is not to be trusted, the PID decides.
+    ("JOINED", True, NOW - 5, False, "dead", "DEAD (agent pid {pid} gone; last state JOINED)"),
+])
+def test_liveness_and_the_state_shown(state, exited, updated, pid_alive, liveness, shown):
+    status = record("3", state, exited=exited, updated=updated)
+    assert st.judge_liveness(status, NOW, pid_alive) == liveness
+    assert st.shown_state(status, liveness) == shown.format(pid=status.pid)
+
+
+def test_an_agent_whose_pid_is_gone_is_shown_dead_with_its_last_state(tmp_path, monkeypatch):
+    """The lab's symptom: a killed agent listed as `JOINED for 3m`."""
+    gone = record("3", "JOINED", since=NOW - 180, updated=NOW - 170)
+    write(tmp_path, gone)
+    monkeypatch.setattr(st, "_pid_alive", lambda status: False)
+    (view,) = st.collect(tmp_path, NOW)
+    assert view.liveness == "dead"
+    text = st.render_text([view], now=NOW)
+    assert f"state      DEAD (agent pid {gone.pid} gone; last state JOINED), recorded 3m ago" in text
+    assert "[dead]" in text and "JOINED for" not in text
+    (shown,) = json.loads(st.render_json([view]))
+    assert shown["shown_state"].startswith("DEAD") and shown["state"] == "JOINED"

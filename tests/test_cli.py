@@ -33,12 +33,13 @@ from elastic_ray.cli.options import (
     worker_config,
 )
 from elastic_ray.cli.session import one_line
-from elastic_ray.cli.status_model import build_status
+from elastic_ray.cli.status_model import build_status, node_shown_state
 from elastic_ray.cli.status_view import format_duration, render_status
 from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, resolve_head_config
 from elastic_ray.coordinator.headwatch import HeadObservation
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.protocol.records import (
+    AllocationEnding,
     AllocationRecord,
     ElectionClaim,
     HeadEndpoint,
@@ -209,8 +210,8 @@ def _status(**overrides):
     return build_status(**kwargs)
 
 
-def _text(status) -> str:
-    console = Console(width=200, record=True, file=open("/dev/null", "w"))
+def _text(status, width: int = 200) -> str:
+    console = Console(width=width, record=True, file=open("/dev/null", "w"))
     console.print(render_status(status))
     return console.export_text()
 
@@ -226,10 +227,10 @@ def test_status_model_lists_every_job_with_role_state_nodes_and_drain():
         "20": "RUNNING", "10": "CANCELLED", "21": "RUNNING", "22": "RUNNING", "23": "ENDED_UNKNOWN",
         "24": "PENDING", "30": "RUNNING"}
     assert rows["21"]["nodes"] == [
-        {"node": "gpua-1", "ray_node_id": "a" * 56, "agent_state": "JOINED", "agent_exited": False,
-         "agent_stale": False, "agent_updated_age": 2.0},
-        {"node": "gpua-2", "ray_node_id": None, "agent_state": "RESTART_BACKOFF", "agent_exited": False,
-         "agent_stale": True, "agent_updated_age": 60.0}]
+        {"node": "gpua-1", "ray_node_id": "a" * 56, "node_state": "JOINED", "node_state_reason": "",
+         "agent_state": "JOINED", "agent_exited": False, "agent_stale": False, "agent_updated_age": 2.0},
+        {"node": "gpua-2", "ray_node_id": None, "node_state": "RESTART_BACKOFF", "node_state_reason": "",
+         "agent_state": "RESTART_BACKOFF", "agent_exited": False, "agent_stale": True, "agent_updated_age": 60.0}]
     # A node only the agent knows of (the job is gone from the scheduler) still shows.
     assert rows["23"]["nodes"][0]["node"] == "cpu-2" and rows["23"]["nodes"][0]["agent_exited"]
     assert rows["23"]["partition"] == "cpu"  # from the record when the scheduler forgot
@@ -296,6 +297,82 @@ def test_status_shows_a_worker_hosted_head_an_election_and_a_successor():
     assert {r["job_id"]: r["state"] for r in status["jobs"]}["25"] == "UNKNOWN"  # not asked about
     assert status["election"]["live"] and status["successor"] == "25"
     assert "election by host:1:abc in progress" in _text(status)
+
+
+@pytest.mark.parametrize("job_state, reason, shown, why", [
+    (JobState.RUNNING, "", "JOINED", ""),
+    (JobState.PENDING, "BeginTime", "GONE", "job PENDING (requeued)"),
+    (JobState.COMPLETING, "", "ENDING", "job COMPLETING"),
+    (JobState.SUSPENDED, "", "SUSPENDED", "job SUSPENDED"),
+    (JobState.COMPLETED, "", "ENDED", "job COMPLETED"),
+    (JobState.CANCELLED, "", "ENDED", "job CANCELLED"),
+    (JobState.FAILED, "NonZeroExitCode", "ENDED", "job FAILED"),
+    (JobState.TIMEOUT, "TimeLimit", "ENDED", "job TIMEOUT"),
+    (JobState.NODE_FAIL, "NodeDown", "ENDED", "job NODE_FAIL"),
+    (JobState.PREEMPTED, "", "ENDED", "job PREEMPTED"),
+    (JobState.OUT_OF_MEMORY, "", "ENDED", "job OUT_OF_MEMORY"),
+    (JobState.BOOT_FAIL, "", "ENDED", "job BOOT_FAIL"),
+    (JobState.DEADLINE, "", "ENDED", "job DEADLINE"),
+    (JobState.ENDED_UNKNOWN, "", "GONE", "job no longer known to the scheduler"),
+    (None, "", "GONE", "job not reported by the scheduler"),
+])
+def test_a_node_shows_its_agents_state_only_while_its_job_runs(job_state, reason, shown, why):
+    job = None if job_state is None else JobInfo("5", "er-test", job_state, reason=reason)
+    assert node_shown_state("JOINED", job) == (shown, why)
+    # A node without an agent record stays unknown; an agent that recorded its exit said its last word.
+    assert node_shown_state(None, job) == (None, "")
+    assert node_shown_state("LEFT", job, exited=True) == ("LEFT", "")
+
+
+@pytest.mark.parametrize("state", [s for s in JobState if s is not JobState.RUNNING])
+def test_no_node_of_a_job_that_is_not_running_is_shown_joined(state):
+    record, jobs, nodes, *_ = _fabricated()
+    jobs = dict(jobs, **{"21": replace(jobs["21"], state=state, time_left=None)})
+    status = _status(jobs=jobs)
+    (row,) = [r for r in status["jobs"] if r["job_id"] == "21"]
+    assert all(n["node_state"] in ("ENDED", "GONE", "ENDING", "SUSPENDED") for n in row["nodes"])
+    assert row["nodes"][0]["agent_state"] == "JOINED"  # the agent's last word is kept in the model
+    text = _text(status)
+    assert f"({row['nodes'][0]['node_state_reason']}; last JOINED)" in text
+
+
+def test_the_lab_case_a_failed_worker_and_a_replaced_head_never_read_joined():
+    """Issue 10: `FAILED ... JOINED` for a failed worker and for a replaced head."""
+    record, jobs, nodes, endpoint, observation = _fabricated()
+    record = record.with_worker(replace(record.workers["21"], ended=AllocationEnding(
+        "FAILED", NOW - 30, "NonZeroExitCode", ("gpua-1", "gpua-2")), resubmit_on_failure=1, replaced_by="25"))
+    record = record.with_worker(WorkerRecord(job_id="25", config={"partition": "gpu-a"}, submitted_at=NOW - 20,
+                                             replaces="21"))
+    jobs = dict(jobs, **{"21": replace(jobs["21"], state=JobState.FAILED, reason="NonZeroExitCode", time_left=None),
+                         "10": replace(jobs["10"], state=JobState.FAILED, nodes=("cpu-9",)),
+                         "25": JobInfo("25", "er-test", JobState.PENDING, partition="gpu-a", reason="Priority")})
+    nodes = dict(nodes, **{"10": {"cpu-9": node_state("10", "cpu-9", "JOINED", role="head", updated_at=NOW - 200)}})
+    status = _status(record=record, jobs=jobs, nodes=nodes)
+    rows = {r["job_id"]: r for r in status["jobs"]}
+    assert [n["node_state"] for n in rows["21"]["nodes"]] == ["ENDED", "ENDED"]
+    assert [n["node_state"] for n in rows["10"]["nodes"]] == ["ENDED"]
+    assert rows["21"]["failure"] == {"ended": {"state": "FAILED", "reason": "NonZeroExitCode", "noticed_at": NOW - 30,
+                                               "nodes": ["gpua-1", "gpua-2"]},
+                                     "resubmit_left": 1, "replaces": None, "replaced_by": "25"}
+    assert rows["25"]["failure"]["replaces"] == "21" and rows["22"]["failure"] is None
+    assert [f["job_id"] for f in status["failures"]] == ["21"]
+    text = _text(status)
+    assert "1 worker allocation(s) ended without being asked: 21 FAILED (resubmitted as 25)" in text
+    assert "FAILED (NonZeroExitCode)" in text and "ENDED (job FAILED; last JOINED)" in text
+    assert "ended FAILED unasked (NonZeroExitCode); resubmitted as 25" in _text(status, width=400)
+    assert "replaces 21" in text
+    for line in text.splitlines():
+        if line.lstrip().startswith(("head (replaced)   10", "worker            21")):
+            assert "JOINED" in line and " JOINED " not in line and "last JOINED" in line
+
+
+def test_a_replaced_head_whose_job_still_runs_is_not_shown_joined():
+    record, jobs, nodes, *_ = _fabricated()
+    jobs = dict(jobs, **{"10": replace(jobs["10"], state=JobState.RUNNING, nodes=("cpu-9",))})
+    nodes = dict(nodes, **{"10": {"cpu-9": node_state("10", "cpu-9", "JOINED", role="head", updated_at=NOW - 1)}})
+    (row,) = [r for r in _status(jobs=jobs, nodes=nodes)["jobs"] if r["job_id"] == "10"]
+    assert (row["nodes"][0]["node_state"], row["nodes"][0]["node_state_reason"]) == (
+        "REPLACED", "no longer the run's head")
 
 
 # =============================================================== commands, for real on the local scheduler
@@ -424,6 +501,8 @@ def test_add_worker_with_a_bad_time_is_a_usage_error_naming_the_option(sleepy):
     (["--mem", "1G", "--mem-per-cpu", "1G"], "--mem-per-cpu: --mem and --mem-per-cpu are exclusive"),
     (["--nodes", "two"], "Invalid value for '--nodes'"),
     (["--timeout", "0"], "Invalid value for '--timeout'"),
+    (["--resubmit-on-failure", "-1"], "Invalid value for '--resubmit-on-failure'"),
+    (["--resubmit-on-failure", "x"], "Invalid value for '--resubmit-on-failure'"),
 ])
 def test_add_worker_bad_options_exit_2(tmp_path, args, words):
     result = CliRunner().invoke(main, ["session", "add-worker", str(tmp_path), *args])
@@ -442,13 +521,15 @@ def test_add_worker_no_wait_submits_and_teardown_leaves_nothing_active(sleepy):
     path = str(sleepy["dir"].path)
     scheduler = sleepy["scheduler"]
     result = _run(sleepy, "add-worker", path, "--partition", "cpu", "--nodes", "1", "--cpus-per-task", "1",
-                  "--mem", "256M", "--time", "5", "--ray-resource", "accelerator:test=1", "--no-wait")
+                  "--mem", "256M", "--time", "5", "--ray-resource", "accelerator:test=1", "--no-wait",
+                  "--resubmit-on-failure", "2")
     assert result.exit_code == 0, result.output
     job = result.stdout.strip()
     assert job.isdigit() and job not in (sleepy["head"], sleepy["worker"])
     assert f"submitted worker allocation {job}" in result.stderr
     worker = sleepy["dir"].read_allocation().workers[job]
     assert worker.config["ray_resources"] == {"accelerator:test": 1.0}
+    assert worker.resubmit_on_failure == 2
     assert worker.config["time_limit"] == "5"
 
     result = _run(sleepy, "teardown", path, "--timeout", "60")
@@ -471,8 +552,11 @@ def test_status_shows_ended_unknown_for_a_job_the_scheduler_never_knew(sleepy):
         WorkerRecord(job_id="999999", config={"partition": "cpu"}, submitted_at=time.time())))
     result = _run(sleepy, "status", str(sleepy["dir"].path))
     assert result.exit_code == 0, result.output
-    line = next(line for line in result.stdout.splitlines() if "999999" in line)
+    line = next(line for line in result.stdout.splitlines() if "999999" in line and line.lstrip().startswith("worker"))
     assert "ENDED_UNKNOWN" in line and "cpu" in line
+    # Its job ended while the session still wanted it: the status's query recorded it as a failure.
+    assert "1 worker allocation(s) ended without being asked: 999999 ENDED_UNKNOWN" in result.stdout
+    assert sleepy["dir"].read_allocation().workers["999999"].ended.state == "ENDED_UNKNOWN"
 
 
 def test_remove_worker_cancels_an_allocation_without_agents_and_prints_its_state(sleepy):

@@ -76,8 +76,10 @@ class AgentView:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        shown = self.status.to_dict() if self.status is not None else {"error": self.error}
-        return {**shown, "liveness": self.liveness, "status_file": str(self.path)}
+        if self.status is None:
+            return {"error": self.error, "liveness": self.liveness, "status_file": str(self.path)}
+        return {**self.status.to_dict(), "liveness": self.liveness,
+                "shown_state": shown_state(self.status, self.liveness), "status_file": str(self.path)}
 
 
 _ENDED = frozenset({AgentState.LEFT, AgentState.RELEASED, AgentState.FAILED})
@@ -92,6 +94,22 @@ def judge_liveness(status: NodeState, now: float, pid_alive: bool) -> str:
     if now - status.updated_at > HUNG_AFTER_SECONDS:
         return "not responding"
     return "running"
+
+
+def shown_state(status: NodeState, liveness: str) -> str:
+    """Pure: the state ``status`` shows for an agent, never a dead agent's last word.
+
+    The file keeps whatever the agent wrote last: one killed while JOINED
+    says JOINED forever. With its process gone it is ``DEAD``, naming the
+    PID and the state it last recorded; a live process that stopped
+    rewriting its file is ``NOT RESPONDING``. Otherwise the recorded state.
+    """
+    state = status.state.value
+    if liveness == "dead":
+        return f"DEAD (agent pid {status.pid} gone; last state {state})"
+    if liveness == "not responding":
+        return f"NOT RESPONDING (agent pid {status.pid} alive, file not refreshed; last state {state})"
+    return state
 
 
 def _pid_alive(status: NodeState) -> bool:
@@ -190,7 +208,9 @@ def render_text(views: list[AgentView], now: float | None = None, hidden: int = 
             lines.append(f"{view.path.name}: {view.error}")
             continue
         port_text = " ".join(f"{k}={v}" for k, v in sorted(s.ports.items()) if v) or "-"
-        state = f"{s.state.value} for {_age(now - s.since)}"
+        shown = shown_state(s, view.liveness)
+        state = (f"{s.state.value} for {_age(now - s.since)}" if shown == s.state.value
+                 else f"{shown}, recorded {_age(now - s.updated_at)} ago")
         if s.role == "head":
             head = f"{s.head_job or '-'} (this agent's own job) at {s.ray_address or '-'}"
         else:

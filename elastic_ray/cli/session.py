@@ -58,6 +58,8 @@ def collect_status(session: Session, heartbeat_wait: float = HEARTBEAT_WAIT) -> 
     record = session.record()
     extra = [*record.predecessors, *([record.successor] if record.successor else [])]
     jobs = session.query(extra=extra)
+    # The query may have recorded a failed worker allocation (and its replacement): show the record after it.
+    record = session.record()
     nodes = {job: session.node_states(job) for job in sorted(set(jobs) | set(record.workers)
                                                               | ({record.head_job} if record.head_job else set()))}
     pointer = session.dir.read_ray_head()
@@ -211,12 +213,16 @@ def _ray_resources_callback(ctx: click.Context, param: click.Parameter, values: 
               help="Passed to `ray start` last, so it wins; repeatable.")
 @click.option("--rejoin-timeout", type=float,
               help="Seconds without a live head before the allocation gives itself up [default: 600].")
+@click.option("--resubmit-on-failure", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Submit the same allocation again, up to N times, when its job fails on its own "
+                   "(a session process that polls, e.g. the supervisor, does it).")
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Wait until every node has joined the Ray cluster.")
 @click.option("--timeout", type=_POSITIVE, default=3600.0, show_default=True, help="Seconds --wait waits.")
 @click.pass_context
 @failures_as_click
-def add_worker_cmd(ctx: click.Context, directory: Path, wait: bool, timeout: float, **options: Any) -> None:
+def add_worker_cmd(ctx: click.Context, directory: Path, wait: bool, timeout: float, resubmit_on_failure: int,
+                   **options: Any) -> None:
     """Submit a worker allocation to the session and print its job id.
 
     Options left out are inherited from the session's first worker
@@ -231,7 +237,7 @@ def add_worker_cmd(ctx: click.Context, directory: Path, wait: bool, timeout: flo
     session = _session_path(ctx, directory)
     err = _err()
     try:
-        handle = session.add_worker_allocation(config)
+        handle = session.add_worker_allocation(config, resubmit_on_failure=resubmit_on_failure)
         click.echo(handle.job_id)
         resolved = handle.config
         err.print(f"submitted worker allocation {handle.job_id} "

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..coordinator.failures import failures_of
 from ..coordinator.headwatch import HeadObservation
 from ..protocol.records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, WorkerRecord
 from ..scheduler.base import JobInfo, JobState
@@ -38,10 +39,42 @@ def _time_left(info: JobInfo | None, now: float) -> float | None:
     return None
 
 
+def node_shown_state(agent: str | None, job: JobInfo | None, exited: bool = False) -> tuple[str | None, str]:
+    """Pure: the state a node is shown in, and why it differs from what its agent last published.
+
+    An agent's file outlives the agent: a node of a job that FAILED, was
+    requeued or is gone from the scheduler may still say JOINED. Only a
+    RUNNING job's nodes show their agent's own state; the others show
+    ``ENDED`` (the job ended), ``GONE`` (requeued and waiting, or unknown
+    to the scheduler), ``ENDING`` (COMPLETING) or ``SUSPENDED``, with the
+    job's state as the reason. An agent that recorded its own exit said its
+    last word (LEFT, RELEASED, FAILED) and is shown so; a node without an
+    agent record stays unknown.
+    """
+    if agent is None or exited:
+        return agent, ""
+    if job is None:
+        return "GONE", "job not reported by the scheduler"
+    state = job.state
+    if state is JobState.RUNNING:
+        return agent, ""
+    if state is JobState.PENDING:
+        return "GONE", "job PENDING (requeued)"
+    if state is JobState.ENDED_UNKNOWN:
+        return "GONE", "job no longer known to the scheduler"
+    if state is JobState.COMPLETING:
+        return "ENDING", "job COMPLETING"
+    if state is JobState.SUSPENDED:
+        return "SUSPENDED", "job SUSPENDED"
+    return "ENDED", f"job {state.value}"
+
+
 def _node_rows(info: JobInfo | None, states: Mapping[str, NodeState], now: float) -> list[dict[str, Any]]:
     """One entry per node: the scheduler's node list, plus any node whose agent published a state.
 
     A node without a (readable) state has no agent columns: unknown.
+    ``node_state`` is what the node is shown as (:func:`node_shown_state`),
+    ``agent_state`` what its agent last published.
     """
     names = list(info.nodes) if info else []
     names += sorted(n for n in states if n not in names)
@@ -51,9 +84,12 @@ def _node_rows(info: JobInfo | None, states: Mapping[str, NodeState], now: float
         age = None if state is None else now - state.updated_at
         exited = state is not None and state.exited
         agent = None if state is None else state.state.value
+        shown, why = node_shown_state(agent, info, exited)
         rows.append({
             "node": name,
             "ray_node_id": None if state is None else state.node_id,
+            "node_state": shown,
+            "node_state_reason": why,
             "agent_state": agent,
             "agent_exited": exited,
             # Stale only matters while the job runs; after it, the job's state says enough.
@@ -62,6 +98,15 @@ def _node_rows(info: JobInfo | None, states: Mapping[str, NodeState], now: float
             "agent_updated_age": None if age is None else round(age, 1),
         })
     return rows
+
+
+def _resubmission(worker: WorkerRecord | None) -> dict[str, Any] | None:
+    """What the record says about a worker's failure and its replacements (None: nothing)."""
+    if worker is None or (worker.ended is None and not worker.resubmit_on_failure and worker.replaces is None):
+        return None
+    return {"ended": None if worker.ended is None else worker.ended.to_dict(),
+            "resubmit_left": worker.resubmit_on_failure, "replaces": worker.replaces,
+            "replaced_by": worker.replaced_by}
 
 
 def _drain(worker: WorkerRecord | None) -> dict[str, Any] | None:
@@ -116,6 +161,13 @@ def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecor
         job = jobs.get(job_id)
         worker = record.workers.get(job_id)
         config = worker.config if worker else {}
+        node_rows = _node_rows(job, nodes.get(job_id, {}), now)
+        if roles[job_id] == "head (replaced)":
+            # Its job may still run for a while, but it is no one's head now.
+            for node in node_rows:
+                if node["agent_state"] is not None and not node["agent_exited"] \
+                        and node["node_state"] == node["agent_state"]:
+                    node["node_state"], node["node_state_reason"] = "REPLACED", "no longer the run's head"
         rows.append({
             "role": roles[job_id],
             "job_id": job_id,
@@ -123,8 +175,9 @@ def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecor
             "state": job.state.value if job else "UNKNOWN",
             "reason": job.reason if job else "",
             "time_left": None if (left := _time_left(job, now)) is None else round(left, 1),
-            "nodes": _node_rows(job, nodes.get(job_id, {}), now),
+            "nodes": node_rows,
             "drain": _drain(worker),
+            "failure": _resubmission(worker),
         })
 
     heartbeat = _heartbeat(pointer, jobs, endpoint, observation)
@@ -146,6 +199,8 @@ def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecor
             "live": election.is_live(now)},
         "successor": record.successor,
         "jobs": rows,
+        # Worker allocations that ended without the session asking (recorded by any process).
+        "failures": [f.to_dict() for f in failures_of(record)],
         "active_jobs": sum(1 for r in rows if r["state"] in ACTIVE_STATES),
         "observed_at": now,
     }

@@ -48,11 +48,33 @@ def _drain_text(drain: Mapping[str, Any] | None, job_state: str, now: float) -> 
 
 def _agent_text(node: Mapping[str, Any]) -> str:
     state = node["agent_state"] or "-"
+    shown = node.get("node_state")
+    if shown is not None and shown != node["agent_state"]:
+        # The job is not running (or the head was replaced): never show the agent's stale JOINED.
+        last = f"last {state}" + (", exited" if node["agent_exited"] else "")
+        return f"{shown} ({node['node_state_reason']}; {last})"
     if node["agent_exited"]:
         return f"{state} (exited)"
     if node["agent_stale"]:
         return f"{state} (stale {format_duration(node['agent_updated_age'])})"
     return state
+
+
+def _failure_text(failure: Mapping[str, Any] | None) -> str:
+    """What the state cell adds about a failed or resubmitted worker allocation."""
+    if failure is None:
+        return ""
+    parts = []
+    if failure["ended"] is not None:
+        ended = failure["ended"]
+        parts.append(f"ended {ended['state']} unasked" + (f" ({ended['reason']})" if ended["reason"] else ""))
+    if failure["replaced_by"]:
+        parts.append(f"resubmitted as {failure['replaced_by']}")
+    elif failure["ended"] is not None and failure["resubmit_left"]:
+        parts.append(f"to be resubmitted ({failure['resubmit_left']} left)")
+    if failure["replaces"]:
+        parts.append(f"replaces {failure['replaces']}")
+    return "; ".join(parts)
 
 
 def render_status(status: Mapping[str, Any]) -> Group:
@@ -78,6 +100,11 @@ def render_status(status: Mapping[str, Any]) -> Group:
         if head["recorded_job_id"] not in (None, head["job_id"]):
             head_line.append(f"; the record names job {head['recorded_job_id']}", style="yellow")
     extra = []
+    failures = status.get("failures") or []
+    if failures:
+        extra.append(Text(f"{len(failures)} worker allocation(s) ended without being asked: " + ", ".join(
+            f"{f['job_id']} {f['state']}" + (f" (resubmitted as {f['replaced_by']})" if f["replaced_by"] else "")
+            for f in failures), style="red"))
     if status["election"] is not None:
         e = status["election"]
         extra.append(Text(f"election by {e['claimant']} "
@@ -85,19 +112,23 @@ def render_status(status: Mapping[str, Any]) -> Group:
 
     # No vertical rules: the table stays readable when grepped or piped.
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("role", "job", "partition", "state", "nodes", "ray node id", "agent", "time left", "drain"):
+    for column in ("role", "job", "partition", "state", "nodes", "ray node id", "agent", "time left", "notes"):
         table.add_column(column, no_wrap=column in ("job", "state", "ray node id"))
     for row in status["jobs"]:
         nodes = row["nodes"]
         state = Text(row["state"], style=_STATE_STYLE.get(row["state"], "red"))
-        if row["reason"] and row["state"] == "PENDING":
+        if row["reason"] and row["state"] != "RUNNING":
             state.append(f" ({row['reason']})", style="dim")
+        failure = _failure_text(row.get("failure"))
+        drain = _drain_text(row["drain"], row["state"], now)
+        # "submitted" next to a failure or a replacement says nothing.
+        notes = "; ".join(t for t in (drain if not (failure and drain == "submitted") else "", failure) if t)
         table.add_row(
             row["role"], row["job_id"], row["partition"] or "-", state,
             "\n".join(n["node"] for n in nodes) or "-",
             "\n".join((n["ray_node_id"] or "-")[:12] for n in nodes) or "-",
             "\n".join(_agent_text(n) for n in nodes) or "-",
             format_duration(row["time_left"]),
-            _drain_text(row["drain"], row["state"], now),
+            notes,
         )
     return Group(header, head_line, *extra, table)

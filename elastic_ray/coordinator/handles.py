@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import SlurmWorkerAllocationConfig
+from .failures import AllocationFailure, failure_of
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,19 @@ class WorkerAllocation:
     def config(self) -> SlurmWorkerAllocationConfig:
         rec = self.session.record().workers[self.job_id]
         return SlurmWorkerAllocationConfig.from_dict(rec.config)
+
+    @property
+    def failure(self) -> AllocationFailure | None:
+        """How the job ended without the session asking, once a query of any
+        process recorded it (see :mod:`.failures`); None while it has not."""
+        rec = self.session.record().workers.get(self.job_id)
+        return None if rec is None else failure_of(rec)
+
+    @property
+    def replaced_by(self) -> "WorkerAllocation | None":
+        """The allocation resubmitted in this one's place (``resubmit_on_failure``), if any."""
+        rec = self.session.record().workers.get(self.job_id)
+        return None if rec is None or rec.replaced_by is None else WorkerAllocation(self.session, rec.replaced_by)
 
     def __repr__(self) -> str:
         return f"WorkerAllocation(job_id={self.job_id!r})"

@@ -145,7 +145,11 @@ class SessionJobs:
         By id and for the session's user only: a same-named job of another
         session, or of another user, is left alone.
         """
-        rec = self.dir.read_allocation()
+        # The intent first: a process polling between the cancel and this
+        # update would take the CANCELLED workers for failures (.failures).
+        rec = self.dir.update_allocation(lambda r: replace(r, workers=MappingProxyType({
+            job: (w if w.state == "removed" else replace(w, state="removed")) for job, w in r.workers.items()}))
+            if any(w.state != "removed" for w in r.workers.values()) else r)
         listed = self.listing(rec.recorded_jobs | set(extra))
         targets = ownership.teardown_targets(rec, listed, self.info.session_id)
         if targets:
@@ -154,9 +158,6 @@ class SessionJobs:
             except SchedulerError as exc:
                 log.warning("event=teardown_failed session=%s error=%s", self.info.job_name, exc)
                 raise
-        self.dir.update_allocation(lambda r: replace(r, workers=MappingProxyType({
-            job: (w if w.state == "removed" else replace(w, state="removed")) for job, w in r.workers.items()}))
-            if any(w.state != "removed" for w in r.workers.values()) else r)
         log.info("event=teardown session=%s cancelled=%s", self.info.job_name, ",".join(targets) or "-")
         return targets
 

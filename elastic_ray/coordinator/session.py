@@ -37,7 +37,7 @@ from ..protocol.session_dir import SessionDir
 from ..ray_auth import launcher_warnings
 from ..scheduler.base import JobInfo, JobState, Scheduler, current_user
 from ..scheduler.factory import make_scheduler
-from . import election, submit
+from . import election, failures, submit
 from .claims import ClaimOutcome, election_claim
 from .drivers import PayloadRun
 from .failover import CONTROL_TIMEOUT, HEAD_START_GRACE, Failover
@@ -55,7 +55,7 @@ POLL_INTERVAL = 0.5
 class Session:
     def __init__(self, directory: SessionDir, scheduler: Scheduler | None = None, *,
                  claim_period: float = election.DEFAULT_CLAIM_PERIOD, supervise: bool = False,
-                 supervise_interval: float = 30.0):
+                 supervise_interval: float = 30.0, on_allocation_ended: failures.OnAllocationEnded | None = None):
         self.dir = directory
         self.info: SessionInfo = directory.info()
         self.launcher = RayLauncher.from_dict(self.info.launcher)
@@ -70,6 +70,8 @@ class Session:
         self._watch: HeadWatch | None = None
         self._head_started_at: dict[str, float] = {}
         self.supervisor: HeadSupervisor | None = None
+        self.failure_watch = failures.FailureWatch(directory, self.info.job_name, resubmit=self._resubmit_worker,
+                                                   claim=self.election_claim, on_ended=on_allocation_ended)
         if supervise:
             self.start_supervisor(supervise_interval)
 
@@ -113,6 +115,7 @@ class Session:
         claim_period: float = election.DEFAULT_CLAIM_PERIOD,
         supervise: bool = True,
         supervise_interval: float = 30.0,
+        on_allocation_ended: failures.OnAllocationEnded | None = None,
     ) -> "Session":
         """Create the session directory and submit the head (and the first worker).
 
@@ -154,7 +157,7 @@ class Session:
                            launcher=launcher.to_dict(),
                            user=getattr(sched_obj, "user", "") or current_user())
         directory = SessionDir.create(path, info)
-        session = cls(directory, sched_obj, claim_period=claim_period)
+        session = cls(directory, sched_obj, claim_period=claim_period, on_allocation_ended=on_allocation_ended)
         session._submit_head()
         if worker_allocation is not None:
             session.add_worker_allocation(worker_allocation)
@@ -165,11 +168,11 @@ class Session:
     @classmethod
     def open(cls, path: str | Path, scheduler: Scheduler | None = None, *,
              claim_period: float = election.DEFAULT_CLAIM_PERIOD, supervise: bool = True,
-             supervise_interval: float = 30.0) -> "Session":
+             supervise_interval: float = 30.0, on_allocation_ended: failures.OnAllocationEnded | None = None) -> Session:
         """Open an existing session from any process (a restarted supervisor,
         a payload step, a CLI). With ``supervise`` it watches the head too."""
         return cls(SessionDir.open(path), scheduler, claim_period=claim_period, supervise=supervise,
-                   supervise_interval=supervise_interval)
+                   supervise_interval=supervise_interval, on_allocation_ended=on_allocation_ended)
 
     # ------------------------------------------------------------ views
     @property
@@ -188,8 +191,18 @@ class Session:
 
     def query(self, extra: list[str] | None = None) -> dict[str, JobInfo]:
         """Every job of the session (the recorded ids and ``extra``) in one
-        scheduler call; a stray it shows is cancelled (see :mod:`.ownership`)."""
-        return self.jobs.query(self.record(), extra or ())
+        scheduler call; a stray it shows is cancelled (see :mod:`.ownership`),
+        a worker allocation that ended unasked is recorded (see :mod:`.failures`)."""
+        rec = self.record()
+        self.failure_watch.observe(rec, jobs := self.jobs.query(rec, extra or ()))
+        return jobs
+
+    def allocation_failures(self, refresh: bool = True) -> list[failures.AllocationFailure]:
+        """Worker allocations whose jobs ended without the session asking, as
+        recorded by whichever process saw it first; ``refresh`` queries first."""
+        if refresh:
+            self.query()
+        return failures.failures_of(self.record())
 
     def job_info(self, job_id: str) -> JobInfo | None:
         """One job's state, in one scheduler call (None if it was not reported)."""
@@ -269,21 +282,38 @@ class Session:
     def _parent_configs(self, rec: AllocationRecord) -> tuple[SlurmRunAllocationConfig | None, SlurmRunAllocationConfig]:
         return submit.first_worker_config(rec, self.info.worker_allocation), self.head_config()
 
-    def add_worker_allocation(self, config: SlurmWorkerAllocationConfig) -> WorkerAllocation:
-        """Submit a worker allocation; returns on submission, not on start."""
+    def add_worker_allocation(self, config: SlurmWorkerAllocationConfig, *,
+                              resubmit_on_failure: int = 0) -> WorkerAllocation:
+        """Submit a worker allocation; returns on submission, not on start.
+
+        ``resubmit_on_failure=N`` keeps its capacity: a job that ends on its
+        own (see :data:`.failures.RESUBMIT_ON`) is submitted again with the same
+        config by one process of the run, N times at most; ``replaced_by`` on
+        the handle names the replacement.
+        """
         if not isinstance(config, SlurmWorkerAllocationConfig):
             raise ConfigError("config", config, "must be a SlurmWorkerAllocationConfig")
+        failures.check_resubmit_count(resubmit_on_failure)
         first, head = self._parent_configs(self.record())
         resolved = inherit_worker_config(config, first, head)
         if (warning := rejoin_timeout_warning(resolved)) is not None:
             log.warning("event=short_rejoin_timeout session=%s %s", self.job_name, warning)
-        spec_path = submit.write_worker_spec(self.dir, resolved)
-        job_id = self.jobs.submit(
-            submit.worker_spec(self.dir, self.job_name, resolved, self.launcher, spec_path), resolved,
-            lambda r, job: r.with_worker(WorkerRecord(job_id=job, config=resolved.to_dict(), submitted_at=time.time())),
-            spec_path)
+        job_id = self._submit_worker(resolved, resubmit_on_failure)
         log.info("event=worker_submitted session=%s job=%s partition=%s", self.job_name, job_id, resolved.partition)
         return WorkerAllocation(self, job_id)
+
+    def _submit_worker(self, resolved: SlurmWorkerAllocationConfig, keep: int = 0, replaces: str | None = None) -> str:
+        spec_path = submit.write_worker_spec(self.dir, resolved)
+        return self.jobs.submit(
+            submit.worker_spec(self.dir, self.job_name, resolved, self.launcher, spec_path), resolved,
+            lambda r, job: failures.record_worker(r, WorkerRecord(
+                job_id=job, config=resolved.to_dict(), submitted_at=time.time(),
+                resubmit_on_failure=keep, replaces=replaces)),
+            spec_path)
+
+    def _resubmit_worker(self, old: WorkerRecord) -> str:
+        return self._submit_worker(SlurmWorkerAllocationConfig.from_dict(old.config),
+                                   max(0, old.resubmit_on_failure - 1), old.job_id)
 
     def node_states(self, job_id: str) -> dict[str, NodeState]:
         """The agents' published states of one job, by node; a node whose file is unreadable is absent."""
@@ -308,6 +338,7 @@ class Session:
                 return dict(sorted(joined.items()))
             info = self.job_info(job_id)
             if info is not None and info.state.is_final:
+                self.failure_watch.observe(self.record(), {job_id: info})
                 raise AllocationFailed(f"worker allocation {job_id} ended {info.state.value} with "
                                        f"{len(joined)}/{wanted} nodes joined; {self._log_tail(job_id, 'worker')}",
                                        state=info.state.value, job_id=job_id)
@@ -416,6 +447,8 @@ class Session:
         info = self.job_info(job_id)
         state = info.state if info else JobState.ENDED_UNKNOWN
         if state is JobState.PENDING:
+            # (the intent first, or a poll in between takes the CANCELLED for a failure)
+            self.dir.update_allocation(lambda r: r.with_worker(replace(r.workers[job_id], state="removed")))
             self.scheduler.cancel(job_id)
         elif state.is_active:
             told = self.drain_job(job_id, drain_timeout, "remove_worker_allocation")

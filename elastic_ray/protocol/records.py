@@ -117,6 +117,39 @@ WORKER_STATES = ("submitted", "draining", "removed")
 
 
 @dataclass(frozen=True)
+class AllocationEnding:
+    """How a worker allocation's job ended without the session asking for it.
+
+    Recorded once (the first process whose compare-and-swap commits it), so
+    every process, a restarted supervisor and the CLI can tell a failed
+    allocation from a live one long after the scheduler forgot the job.
+    ``state`` is the scheduler's final state (FAILED, NODE_FAIL, ...),
+    ``reason`` its reason text, ``nodes`` the nodes the job held.
+    """
+
+    state: str
+    noticed_at: float
+    reason: str = ""
+    nodes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "reason": self.reason, "noticed_at": self.noticed_at,
+                "nodes": list(self.nodes)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AllocationEnding":
+        state = _get(data, "state", str)
+        if not state:
+            raise ValueError("'state' must not be empty")
+        nodes = _get(data, "nodes", list, optional=True) or []
+        for i, node in enumerate(nodes):
+            if not isinstance(node, str):
+                raise ValueError(f"nodes[{i}] has type {type(node).__name__}")
+        return cls(state=state, noticed_at=float(_get(data, "noticed_at", (int, float))),
+                   reason=_get(data, "reason", str, optional=True) or "", nodes=tuple(nodes))
+
+
+@dataclass(frozen=True)
 class WorkerRecord:
     """One worker allocation as the session remembers it.
 
@@ -125,6 +158,12 @@ class WorkerRecord:
     ``hosts_run_head``: submitted to host the run's head and compute (the
     default layout's first allocation, or a successor shaped like it), not
     added by the user; ``Session.worker_allocations`` leaves it out.
+
+    Added compatibly (written only when set, read as their defaults when
+    absent): ``ended``, how the job ended without the session asking;
+    ``resubmit_on_failure``, how many more times the session submits the
+    same config again when it fails; ``replaces``/``replaced_by``, the
+    allocation this one was resubmitted for, and the one resubmitted for it.
     """
 
     job_id: str
@@ -135,9 +174,13 @@ class WorkerRecord:
     drain_deadline: float | None = None
     head_failures: int = 0
     hosts_run_head: bool = False
+    ended: AllocationEnding | None = None
+    resubmit_on_failure: int = 0
+    replaces: str | None = None
+    replaced_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "job_id": self.job_id,
             "config": dict(self.config),
             "submitted_at": self.submitted_at,
@@ -147,6 +190,15 @@ class WorkerRecord:
             "head_failures": self.head_failures,
             "hosts_run_head": self.hosts_run_head,
         }
+        if self.ended is not None:
+            data["ended"] = self.ended.to_dict()
+        if self.resubmit_on_failure:
+            data["resubmit_on_failure"] = self.resubmit_on_failure
+        if self.replaces is not None:
+            data["replaces"] = self.replaces
+        if self.replaced_by is not None:
+            data["replaced_by"] = self.replaced_by
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "WorkerRecord":
@@ -160,6 +212,12 @@ class WorkerRecord:
         deadline = _get(data, "drain_deadline", (int, float), optional=True)
         # Added in a compatible way: records written before it have no key.
         hosts_run_head = _get(data, "hosts_run_head", bool, optional=True) or False
+        ended = _get(data, "ended", dict, optional=True)
+        resubmit = _get(data, "resubmit_on_failure", int, optional=True) or 0
+        if resubmit < 0:
+            raise ValueError("resubmit_on_failure must not be negative")
+        replaces = _get(data, "replaces", str, optional=True)
+        replaced_by = _get(data, "replaced_by", str, optional=True)
         return cls(
             job_id=check_job_id(_get(data, "job_id", str)),
             config=MappingProxyType(dict(_get(data, "config", dict))),
@@ -169,6 +227,10 @@ class WorkerRecord:
             drain_deadline=None if deadline is None else float(deadline),
             head_failures=failures,
             hosts_run_head=hosts_run_head,
+            ended=None if ended is None else _nested("ended", lambda: AllocationEnding.from_dict(ended)),
+            resubmit_on_failure=resubmit,
+            replaces=None if replaces is None else check_job_id(replaces, "replaces"),
+            replaced_by=None if replaced_by is None else check_job_id(replaced_by, "replaced_by"),
         )
 
 
