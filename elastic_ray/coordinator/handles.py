@@ -7,6 +7,7 @@ any process; what they do goes through the session's public methods.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..config import SlurmWorkerAllocationConfig
@@ -60,3 +61,15 @@ class Head:
         if self.session is None:
             raise ValueError("this Head is not attached to a session")
         return self.session.drain_job(self.job_id, drain_timeout, reason)
+
+
+def log_tail(log_dir: Path, job_id: str | None, role: str, lines: int = 15) -> str:
+    """The end of a job's output, for errors that say why a head or worker never got ready."""
+    if job_id is None:
+        return "no job"
+    path = log_dir / f"{role}-{job_id}.out"
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return f"no log at {path}"
+    return f"last lines of {path}:\n" + "\n".join(tail)

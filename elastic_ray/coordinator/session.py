@@ -43,7 +43,7 @@ from .drivers import PayloadRun
 from .failover import CONTROL_TIMEOUT, HEAD_START_GRACE, Failover
 from .jobs import RecordAs, SessionJobs
 from .lost_nodes import LostNodeReporter
-from .handles import Head, WorkerAllocation
+from .handles import Head, WorkerAllocation, log_tail
 from .headwatch import HeadObservation, HeadWatch
 from .supervise import HeadSupervisor
 
@@ -270,13 +270,13 @@ class Session:
                 info = self.job_info(head)
                 if info is not None and info.state.is_final:
                     raise AllocationFailed(f"head job {head} ended {info.state.value} before it was ready; "
-                                           f"{self._log_tail(head, 'head')}", state=info.state.value, job_id=head)
+                                           f"{log_tail(self.dir.log_dir, head, 'head')}", state=info.state.value, job_id=head)
                 if progress:
                     progress(f"head {head}: {info.state.value if info else '?'}")
             return None
 
         return wait_for(address, timeout=timeout, interval=POLL_INTERVAL, error=lambda _: TimeoutError(
-            f"no ready head within {timeout:.0f}s; {self._log_tail(head, 'head')}"))  # type: ignore[return-value]
+            f"no ready head within {timeout:.0f}s; {log_tail(self.dir.log_dir, head, 'head')}"))  # type: ignore[return-value]
 
     # ------------------------------------------------------------ workers
     def _parent_configs(self, rec: AllocationRecord) -> tuple[SlurmRunAllocationConfig | None, SlurmRunAllocationConfig]:
@@ -340,7 +340,7 @@ class Session:
             if info is not None and info.state.is_final:
                 self.failure_watch.observe(self.record(), {job_id: info})
                 raise AllocationFailed(f"worker allocation {job_id} ended {info.state.value} with "
-                                       f"{len(joined)}/{wanted} nodes joined; {self._log_tail(job_id, 'worker')}",
+                                       f"{len(joined)}/{wanted} nodes joined; {log_tail(self.dir.log_dir, job_id, 'worker')}",
                                        state=info.state.value, job_id=job_id)
             last, text = text, f"job {job_id}: {info.state.value if info else '?'}, {len(joined)}/{wanted} nodes joined"
             if progress and text != last:
@@ -349,7 +349,7 @@ class Session:
 
         return wait_for(all_joined, timeout=timeout, interval=POLL_INTERVAL, error=lambda _: TimeoutError(
             f"worker allocation {job_id} not joined within {timeout:.0f}s ({text}); "
-            f"{self._log_tail(job_id, 'worker')}"))  # type: ignore[return-value]
+            f"{log_tail(self.dir.log_dir, job_id, 'worker')}"))  # type: ignore[return-value]
 
     @property
     def secret(self) -> bytes:
@@ -512,13 +512,3 @@ class Session:
         """
         self.close()
         return self.jobs.teardown(extra or ())
-
-    def _log_tail(self, job_id: str | None, role: str, lines: int = 15) -> str:
-        if job_id is None:
-            return "no job"
-        path = self.dir.log_dir / f"{role}-{job_id}.out"
-        try:
-            tail = path.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            return f"no log at {path}"
-        return f"last lines of {path}:\n" + "\n".join(tail)
