@@ -10,6 +10,7 @@ adopted through its marker by the session's job layer.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
@@ -35,7 +36,7 @@ from elastic_ray.scheduler.slurm_parse import (
     scancel_name_argv,
     squeue_argv,
 )
-from test_slurm_parsing import ScriptedSlurm, squeue_line
+from test_slurm_parsing import ScriptedSlurm, squeue_answer, squeue_line
 
 GONE = "scancel: error: Kill job error on job id {}: Invalid job id specified"
 
@@ -189,3 +190,23 @@ def test_a_failed_submission_that_queued_nothing_is_recorded_as_failed(tmp_path)
     (intent,) = jobs.dir.read_allocation().intents.values()
     assert intent.failed_at is not None and "timed out" in (intent.error or "")
     assert intent.config == config.to_dict() and intent.role == "worker"
+
+
+# ----------------------------------------------------------------- a scheduler that does not answer
+
+def test_a_watcher_reads_an_unreachable_scheduler_as_unknown_and_says_so_once(tmp_path, caplog):
+    down = ("", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n", 1)
+    slurm = ScriptedSlurm({"squeue": lambda argv: down})
+    jobs = _session(tmp_path, slurm)
+    with caplog.at_level(logging.WARNING, logger="elastic_ray.coordinator"):
+        assert jobs.known("7") is None
+        assert jobs.known("7") is None
+    events = [r.getMessage() for r in caplog.records if "scheduler_unreachable" in r.getMessage()]
+    assert len(events) == 1 and "Unable to contact slurm controller" in events[0]
+    # The strict path still raises: `session status` must not pretend to know.
+    with pytest.raises(SchedulerError, match="Unable to contact"):
+        jobs.listing(["7"])
+    # Once slurmctld answers again, the watcher sees the job.
+    slurm.answers["squeue"] = squeue_answer(squeue_line(job_id="7", state="RUNNING"))
+    info = jobs.known("7")
+    assert info is not None and info.state.value == "RUNNING"

@@ -9,6 +9,10 @@ A driver is launched as a step of the head allocation (``srun --jobid=<head>
   is the job's final state, or ``REPLACED``), even when the step reported an
   exit code first, because an exit caused by a lost head is not the
   program's own verdict;
+* Slurm does not answer for a while (slurmctld restarting): the driver keeps
+  running on the head's heartbeat and the ``ray_head`` pointer, and asks
+  again at the next check; a lost head is still noticed from its silence
+  once the scheduler answers again;
 * the head drains (its pre-walltime signal or ``request_drain``): the driver
   gets SIGTERM so it can stop at a checkpoint, and ``wait`` raises
   ``SlurmStepDrained``, also when the hand-over moved the head before the
@@ -129,7 +133,7 @@ class PayloadRun:
         """The driver ended; did Slurm's pre-walltime signal stop it (the head drains)?"""
         if self._signal is None:
             return False
-        info = self.session.job_info(self.head.job_id)
+        info = self.session.job_info(self.head.job_id, unreachable_ok=True)
         if info is None or info.state is not JobState.RUNNING:
             return False  # the allocation is ending: not a hand-over
         if not in_signal_window(self._signal, info.end_time, time.time()):
@@ -160,14 +164,14 @@ class PayloadRun:
         pointer = self.session.head_pointer()
         if pointer is not None and pointer != self.head.job_id:
             return "REPLACED"
-        info = self.session.job_info(self.head.job_id)
+        info = self.session.job_info(self.head.job_id, unreachable_ok=True)
         if info is not None and (info.state.is_final or info.state.value == "COMPLETING"):
             return info.state.value
         return None
 
     def _handed_over(self, gone: str) -> bool:
         """Whether the head this driver was drained from moved on as planned."""
-        info = self.session.job_info(self.head.job_id)
+        info = self.session.job_info(self.head.job_id, unreachable_ok=True)
         return drained_head_handed_over(gone, info.state if info is not None else None)
 
     def _step_drained(self, rc: int | None, head_state: str | None) -> SlurmStepDrained:

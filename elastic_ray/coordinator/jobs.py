@@ -31,6 +31,9 @@ from . import ownership
 
 log = logging.getLogger("elastic_ray.coordinator")
 
+#: How often a watcher that finds the scheduler unreachable says so again (s).
+UNREACHABLE_LOG_EVERY = 30.0
+
 RecordAs = Callable[[AllocationRecord, str], AllocationRecord]
 
 
@@ -47,6 +50,7 @@ class SessionJobs:
         # Called with every scheduler answer (e.g. .lost_nodes): they see
         # each state change without a query of their own. Must return at once.
         self.observers: list[Callable[[dict[str, JobInfo]], None]] = []
+        self._unreachable_logged = -UNREACHABLE_LOG_EVERY
 
     @property
     def user(self) -> str:
@@ -64,6 +68,23 @@ class SessionJobs:
             except Exception:   # an observer must never break a query
                 log.exception("event=observer_failed session=%s", self.info.job_name)
         return listed
+
+    def known(self, job_id: str) -> JobInfo | None:
+        """One job's state, or None while the scheduler does not answer.
+
+        For the watchers (payload drivers, waits): slurmctld restarting or
+        overloaded for a minute must not end a run whose head is healthy.
+        The failure is logged at most once per ``UNREACHABLE_LOG_EVERY``.
+        """
+        try:
+            return self.listing([job_id]).get(job_id)
+        except SchedulerError as exc:
+            now = time.monotonic()
+            if now - self._unreachable_logged >= UNREACHABLE_LOG_EVERY:
+                self._unreachable_logged = now
+                log.warning("event=scheduler_unreachable session=%s job=%s error=%s; asking again later",
+                            self.info.job_name, job_id, exc)
+            return None
 
     def query(self, rec: AllocationRecord, extra: Iterable[str] = ()) -> dict[str, JobInfo]:
         """The session's jobs (one query), after settling any stray it shows."""

@@ -204,9 +204,10 @@ class Session:
             self.query()
         return failures.failures_of(self.record())
 
-    def job_info(self, job_id: str) -> JobInfo | None:
-        """One job's state, in one scheduler call (None if it was not reported)."""
-        return self.jobs.listing([job_id]).get(job_id)
+    def job_info(self, job_id: str, unreachable_ok: bool = False) -> JobInfo | None:
+        """One job's state, in one scheduler call (None if it was not reported);
+        with ``unreachable_ok`` a scheduler that does not answer is None too (see ``SessionJobs.known``)."""
+        return self.jobs.known(job_id) if unreachable_ok else self.jobs.listing([job_id]).get(job_id)
 
     def head_pointer(self) -> str | None:
         """The job ``ray_head`` names now: the head every agent follows."""
@@ -267,7 +268,7 @@ class Session:
                 endpoint = self.dir.read_head_endpoint(head)
                 if endpoint is not None:
                     return endpoint.address
-                info = self.job_info(head)
+                info = self.job_info(head, unreachable_ok=True)
                 if info is not None and info.state.is_final:
                     raise AllocationFailed(f"head job {head} ended {info.state.value} before it was ready; "
                                            f"{log_tail(self.dir.log_dir, head, 'head')}", state=info.state.value, job_id=head)
@@ -336,7 +337,7 @@ class Session:
                       if s.state is AgentState.JOINED and s.node_id}
             if len(joined) >= wanted:
                 return dict(sorted(joined.items()))
-            info = self.job_info(job_id)
+            info = self.job_info(job_id, unreachable_ok=True)
             if info is not None and info.state.is_final:
                 self.failure_watch.observe(self.record(), {job_id: info})
                 raise AllocationFailed(f"worker allocation {job_id} ended {info.state.value} with "
