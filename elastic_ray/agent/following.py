@@ -49,7 +49,12 @@ class HeadFollower:
     # ------------------------------------------------------------ the pointer
     def refresh(self, now: float, hosting: Hosting) -> None:
         """Read ``ray_head``; on a new head, find its endpoint and subscribe."""
-        job = self.session.read_ray_head()
+        job, damaged = self.session.ray_head_state()
+        if damaged:
+            # Unknown, not "no head": keep following the head we follow (a
+            # head that is really gone falls silent and is left then); the
+            # coordinator rewrites the pointer from allocation.json.
+            job = self.watch.job
         if self.role == "head":
             # A head only needs to know whether the session moved the head away.
             self.watch.job = job
