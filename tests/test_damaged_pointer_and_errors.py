@@ -81,9 +81,11 @@ def test_an_agent_keeps_its_head_when_the_pointer_is_garbage(session):
         assert follower.watch.job == "41"
         session.ray_head_file.write_bytes(b"not a job")
         follower.refresh(time.time(), hosting)
+        follower.refresh(time.time(), hosting)
         assert follower.watch.job == "41", role
         session.write_ray_head("41")
         follower.subscribe(None)
+    assert events.count("head_pointer_missing") == 2      # once per streak and agent, not once per read
 
 
 # ------------------------------------------------------------------ persistent errors
