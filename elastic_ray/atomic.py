@@ -13,6 +13,7 @@ import json
 import math
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -38,10 +39,27 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _naming(exc: OSError, target: Path) -> OSError:
+    """The same error (same errno, so the same OSError subclass) with the
+    target in it: ``[Errno 28] No space left on device`` alone does not say
+    which file of which session could not be written."""
+    if exc.errno is None:
+        return exc
+    return OSError(exc.errno, f"{exc.strerror or exc}; {target} keeps its previous content", str(target))
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` atomically, with permissions ``mode``."""
+    """Replace ``path`` with ``data`` atomically, with permissions ``mode``.
+
+    On any failure (a full filesystem included) the temporary file is
+    removed and ``path`` keeps its previous content; the OSError raised
+    names ``path``.
+    """
     target = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise _naming(exc, target) from exc
     try:
         os.fchmod(fd, mode)
         view = memoryview(data)
@@ -59,6 +77,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o
             os.unlink(tmp_name)
         except FileNotFoundError:
             pass
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            raise _naming(exc, target) from exc
         raise
     _fsync_dir(target.parent)
 

@@ -55,6 +55,21 @@ class CorruptFileError(SessionDirError):
         super().__init__(f"{path}: {reason}")
 
 
+class TeardownIncomplete(ElasticRayError):
+    """A teardown tried every job it could learn of, and some steps failed.
+
+    Raised only at the end: ``cancelled`` holds the ids whose cancel was
+    accepted, ``errors`` one line per step that failed (reading the record,
+    asking the scheduler, cancelling a job).
+    """
+
+    def __init__(self, cancelled: tuple[str, ...], errors: tuple[str, ...]):
+        self.cancelled = cancelled
+        self.errors = errors
+        super().__init__(f"teardown incomplete ({len(errors)} problem(s); cancelled "
+                         f"{', '.join(cancelled) or 'nothing'}): " + "; ".join(errors))
+
+
 class UnsafePathError(ElasticRayError):
     """A file or directory we were about to trust is not safely ours.
 

@@ -184,18 +184,19 @@ def test_an_invalid_update_is_refused_and_changes_nothing(session):
     b'{"protocol_version": 1, "generation": 1, "head_job": "12; rm -rf /", "workers": {}, '
     b'"predecessors": [], "election": null, "successor": null}',
 ])
-def test_a_damaged_record_is_reported_never_overwritten(session, damage):
+def test_a_damaged_record_is_restored_from_its_backup_and_kept_aside(session, damage, caplog):
     session.update_allocation(add_worker("101"))
-    session.allocation_file.write_bytes(damage)
-    with pytest.raises(CorruptFileError) as info:
-        session.read_allocation()
-    assert "allocation.json" in str(info.value)
-    with pytest.raises(CorruptFileError):
-        session.update_allocation(add_worker("102"))
-    assert session.allocation_file.read_bytes() == damage  # left for inspection
-    restored = session.restore_allocation_backup()
-    assert set(restored.workers) == {"101"}
-    assert list(session.path.glob("allocation.json.corrupt-*"))
+    session.allocation_file.write_bytes(damage)   # in place: generation file 1 is the same inode
+    with caplog.at_level("WARNING"):
+        restored = session.read_allocation()
+    assert set(restored.workers) == {"101"} and restored.generation == 2
+    events = [r.getMessage() for r in caplog.records if "event=allocation_recovered" in r.getMessage()]
+    assert len(events) == 1 and "allocation.json.bak" in events[0] and "newest_known=1" in events[0]
+    # The damaged bytes are kept for a person, never deleted or overwritten.
+    (aside,) = session.path.glob("allocation.json.corrupt-*")
+    assert aside.read_bytes() == damage
+    assert session.update_allocation(add_worker("102")).generation == 3
+    assert set(session.read_allocation().workers) == {"101", "102"}
 
 
 def test_an_oversized_file_is_refused(session):
@@ -331,9 +332,7 @@ def test_restore_continues_past_every_committed_generation(session):
     for job in ("101", "102"):
         session.update_allocation(add_worker(job))
     session.generation_file(2).write_bytes(b"{damaged")     # also allocation.json: one inode
-    with pytest.raises(CorruptFileError):
-        session.read_allocation()
-    restored = session.restore_allocation_backup()
+    restored = session.read_allocation()
     # The newest good record (the backup mirrors generation 2) under a fresh generation.
     assert set(restored.workers) == {"101", "102"} and restored.generation == 3
     assert session.update_allocation(add_worker("103")).generation == 4

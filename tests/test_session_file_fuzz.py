@@ -242,9 +242,11 @@ def test_every_reader_reports_any_malformed_file_as_corrupt(session, tmp_path, k
     seen: dict[str, int] = {}
     for index, data in enumerate(_cases(good, seed=KINDS.index(kind))):
         if kind == "allocation.json":
-            # A damaged copy must not hide behind newer generation files.
+            # A damaged copy must not hide behind newer generation files, nor
+            # be restored from its backup (that path has its own fuzz below).
             for path in session.generation_dir.glob("*.json"):
                 path.unlink()
+            session.backup_file.unlink(missing_ok=True)
         target.write_bytes(data) if not target.exists() or target.stat().st_nlink == 1 else _replace(target, data)
         for read in readers:
             try:
@@ -255,6 +257,38 @@ def test_every_reader_reports_any_malformed_file_as_corrupt(session, tmp_path, k
             seen[outcome] = seen.get(outcome, 0) + 1
     # The fuzz reached both sides: mostly refusals, and some files still valid.
     assert seen.get("corrupt", 0) + seen.get("unknown", 0) > CASES_PER_KIND // 2, seen
+
+
+def test_any_damage_to_allocation_json_is_restored_from_the_backup_or_refused(session):
+    """With a good backup, whatever allocation.json holds, a reader gets the
+    backup's record (or the file's own, if it still validates) or one
+    CorruptFileError; the damaged bytes are always kept aside."""
+    good = session.update_allocation(lambda r: _allocation())
+    seen: dict[str, int] = {}
+    for index, data in enumerate(_cases(good.to_dict(), seed=99)[:120]):
+        _replace(session.allocation_file, data)
+        before = set(session.path.glob("allocation.json.corrupt-*"))
+        try:
+            record = session.read_allocation()
+        except CorruptFileError:
+            seen["refused"] = seen.get("refused", 0) + 1
+            assert session.allocation_file.read_bytes() == data, f"case {index}: a refused file was changed"
+            continue
+        except Exception as exc:  # noqa: BLE001 - the point of the test
+            raise AssertionError(f"case {index}: {type(exc).__name__}: {exc!s:.200} for {data[:120]!r}") from None
+        _assert_valid(record)
+        kept = set(session.path.glob("allocation.json.corrupt-*")) - before
+        if kept:
+            seen["restored"] = seen.get("restored", 0) + 1
+            assert (record.workers, record.head_job) == (good.workers, good.head_job), f"case {index}"
+            assert [p.read_bytes() for p in kept] == [data], f"case {index}: damaged bytes not kept"
+            for path in kept:
+                path.unlink()
+        else:
+            seen["valid"] = seen.get("valid", 0) + 1
+        # Start each case from the good record again.
+        session.update_allocation(lambda r: _allocation())
+    assert seen.get("restored", 0) > 60, seen
 
 
 def _replace(target: Path, data: bytes) -> None:

@@ -49,10 +49,19 @@ class HeadFollower:
     # ------------------------------------------------------------ the pointer
     def refresh(self, now: float, hosting: Hosting) -> None:
         """Read ``ray_head``; on a new head, find its endpoint and subscribe."""
-        job = self.session.read_ray_head()
+        job, damaged = self.session.ray_head_state()
+        if damaged:
+            # Unknown, not "no head": keep following the head we follow (a
+            # head that is really gone falls silent and is left then); the
+            # coordinator rewrites the pointer from allocation.json.
+            job = self.watch.job
+            if not self._missing_logged:
+                self._log("head_pointer_missing", keeping=job, reason="unreadable")
+                self._missing_logged = True
         if self.role == "head":
             # A head only needs to know whether the session moved the head away.
             self.watch.job = job
+            self._missing_logged = self._missing_logged and damaged
             return
         read = read_pointer(self.watch, job, now, self.lost_after)
         if read is PointerRead.KEEP:
@@ -60,7 +69,8 @@ class HeadFollower:
                 self._log("head_pointer_missing", keeping=self.watch.job)
                 self._missing_logged = True
             return
-        self._missing_logged = False
+        if not damaged:
+            self._missing_logged = False
         if read is PointerRead.NEW:
             self.subscribe(None)
             self.watch = HeadWatch(job=job)

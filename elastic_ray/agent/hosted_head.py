@@ -42,6 +42,7 @@ from .hosted import (
     step,
 )
 from .local_ray import LocalRay, RayHandle
+from .publishing import WRITE_RETRY_SECONDS, RetriedWrite
 from .machine import Exit, State
 
 
@@ -101,8 +102,8 @@ class HostedHead:
                 self._ensure_publisher()
                 threading.Thread(target=self._start, name="agent-hosted-head", daemon=True).start()
             elif isinstance(action, WriteEndpoint) and handle is not None:
-                self._write_endpoint(handle)
-                self._handle(EndpointWritten(time.time(), handle.address))
+                if self._write_endpoint_until_done(handle):
+                    self._handle(EndpointWritten(time.time(), handle.address))
             elif isinstance(action, KillHostedHead) and handle is not None:
                 self.local.kill_hosted(handle)
                 self._handle(HostedKilled(time.time()))
@@ -115,6 +116,17 @@ class HostedHead:
         return actions
 
     # ------------------------------------------------------------ the hosted-head thread
+    def _write_endpoint_until_done(self, handle: RayHandle) -> bool:
+        """Publish the endpoint, again each second while it fails (a full
+        disk) and the hosted node still runs: a passing failure must not cost
+        the run its head. False when the node ended first."""
+        retried = RetriedWrite("hosted_endpoint", self._log)
+        while not retried.run(lambda: self._write_endpoint(handle)):
+            if handle.node.poll_exit() is not None or not self.local.current(None):
+                return False
+            time.sleep(WRITE_RETRY_SECONDS)
+        return True
+
     def _start(self) -> None:
         handle = self.local.launch(None, None, "head")
         if handle is None:

@@ -23,6 +23,9 @@ from .local_ray import RayHandle, NodePlace
 
 log = logging.getLogger("elastic_ray.agent")
 
+# How soon a session-directory write that failed is tried again.
+WRITE_RETRY_SECONDS = 1.0
+
 
 class HeadPublishing:
     def __init__(self, session: SessionDir, secret: bytes, place: NodePlace, zctx: zmq.Context, control_endpoint: str,
@@ -34,6 +37,9 @@ class HeadPublishing:
         self.control_endpoint = control_endpoint
         self._log = log
         self.publisher: HeartbeatPublisher | None = None
+        self.endpoint_write = RetriedWrite("head_endpoint", log)
+        self._pending_endpoint: RayHandle | None = None
+        self._endpoint_retry_at = 0.0
         if heartbeat:
             self.ensure()
 
@@ -46,6 +52,19 @@ class HeadPublishing:
     def beat(self, ok: bool, draining: bool) -> None:
         if self.publisher is not None:
             self.publisher.publish({"head_job": self.place.job_id, "ray_ok": ok, "draining": draining})
+        pending = self._pending_endpoint
+        if pending is not None and time.monotonic() >= self._endpoint_retry_at:
+            self.publish_endpoint(pending)
+
+    def publish_endpoint(self, handle: RayHandle) -> bool:
+        """The head role's endpoint write, from the event loop: one that fails
+        (a full disk) is written again at a later heartbeat, never lost and
+        never fatal. The hosted head's thread calls ``write_endpoint`` itself."""
+        if self.endpoint_write.run(lambda: self.write_endpoint(handle)):
+            self._pending_endpoint = None
+            return True
+        self._pending_endpoint, self._endpoint_retry_at = handle, time.monotonic() + WRITE_RETRY_SECONDS
+        return False
 
     def write_endpoint(self, handle: RayHandle) -> None:
         assert self.publisher is not None
@@ -79,3 +98,37 @@ def _ray_version() -> str:
         return metadata.version("ray")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+class RetriedWrite:
+    """A session-directory write that must not be lost to a passing failure
+    (a full filesystem, an NFS server that is away): a failed write is kept
+    as due and done again at the agent's next tick; one event when a streak
+    of failures starts and one when it ends, never one per tick. The agent
+    keeps running either way.
+
+    Threads: used by the event loop only.
+    """
+
+    def __init__(self, what: str, log: Callable[..., None]):
+        self.what = what
+        self._log = log
+        self.failures = 0
+
+    @property
+    def due(self) -> bool:
+        return self.failures > 0
+
+    def run(self, write: Callable[[], None]) -> bool:
+        """Do ``write`` now; True when it went through."""
+        try:
+            write()
+        except OSError as exc:
+            self.failures += 1
+            if self.failures == 1:
+                self._log(f"{self.what}_write_failed", error=str(exc)[:300], action="retrying at each tick")
+            return False
+        if self.failures:
+            self._log(f"{self.what}_written", failed_tries=self.failures)
+            self.failures = 0
+        return True

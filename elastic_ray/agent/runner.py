@@ -78,7 +78,7 @@ from .machine import (
     initial,
     step,
 )
-from .publishing import HeadPublishing
+from .publishing import WRITE_RETRY_SECONDS, HeadPublishing, RetriedWrite
 from .signal_drain import DRAIN_SIGNALS, WalltimeWatch, drain_for_signal
 from .slurmd_watch import SlurmdWatch
 from .private_dirs import ensure_private_dir
@@ -120,6 +120,7 @@ class Agent:
         self._exit_code: int | None = None
         self._next_beat = self._next_pointer = self._next_status = 0.0
         self._status_soon = threading.Event()
+        self._node_write = RetriedWrite("node_file", self._log)
         self.walltime = WalltimeWatch(self.info.scheduler, self.info.job_name, options.job_id,
                                       options.head_drain_lead, self._log, self._post_call)
         self.slurmd = SlurmdWatch.for_agent(self.info, options, self._log, self._post_call, self._feed)
@@ -449,7 +450,7 @@ class Agent:
     def _publish_head(self) -> None:
         handle = self.local.ray
         if handle is not None and self.publishing.publisher is not None:
-            self.publishing.write_endpoint(handle)
+            self.publishing.publish_endpoint(handle)
 
     # ------------------------------------------------------------ status
     def _node_state(self) -> NodeState:
@@ -489,8 +490,9 @@ class Agent:
         try:
             state = self._node_state()
             write_status(self.status_file, state)
-            if force_session:
-                self.session.write_node_state(state)
+            if (force_session or self._node_write.due) and not self._node_write.run(
+                    lambda: self.session.write_node_state(state)):
+                self._next_status = time.time() + WRITE_RETRY_SECONDS
         except (OSError, ValueError, UnsafePathError) as exc:  # ValueError: a state the record refuses; a bug
             log.warning("event=status_write_failed job=%s node=%s error=%s", self.o.job_id, self.o.node, exc)
 

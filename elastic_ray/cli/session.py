@@ -27,9 +27,11 @@ import click
 from rich.console import Console
 
 from ..coordinator.session import Session
-from ..errors import ElasticRayError
+from ..errors import ElasticRayError, TeardownIncomplete
 from ..polling import wait_for
 from ..protocol.records import is_job_id
+from ..protocol.recovery import describe
+from ..protocol.session_dir import SessionDir
 from ..scheduler.base import Scheduler
 from .options import OptionError, parse_ray_resources, worker_config
 from .status_model import build_status, job_sort_key
@@ -320,14 +322,23 @@ def teardown_cmd(ctx: click.Context, directory: Path, timeout: float) -> None:
     waited for.
     """
     session = _session_path(ctx, directory)
+    incomplete: TeardownIncomplete | None = None
     try:
-        record = session.record()
-        extra = [*record.predecessors, *([record.successor] if record.successor else [])]
-        cancelled = sorted(session.teardown(extra), key=job_sort_key)
-        extra += [job for job in cancelled if job not in extra]
+        try:
+            record = session.record()
+            extra = [*record.predecessors, *([record.successor] if record.successor else [])]
+        except ElasticRayError as exc:      # a damaged record: teardown finds the jobs without it
+            _err().print(f"warning: {one_line(exc)}", markup=False)
+            extra = []
+        try:
+            cancelled = sorted(session.teardown(extra), key=job_sort_key)
+        except TeardownIncomplete as exc:
+            incomplete, cancelled = exc, sorted(exc.cancelled, key=job_sort_key)
+        watched = sorted(set(extra) | set(cancelled), key=job_sort_key)
 
         def look() -> tuple[dict[str, Any], list[str]]:
-            jobs = session.query(extra=extra)
+            # The cancelled ids themselves, in one query (not through the record, which may be damaged).
+            jobs = {job: info for job, info in session.jobs.listing(watched).items() if job in watched}
             return jobs, sorted((j for j, i in jobs.items() if i.state.is_active), key=job_sort_key)
 
         with Progress(_err(), f"cancelling {len(cancelled)} job(s)") as progress:
@@ -338,4 +349,35 @@ def teardown_cmd(ctx: click.Context, directory: Path, timeout: float) -> None:
                     f"{len(seen[1])} job(s) still active {timeout:.0f}s after the cancel: {', '.join(seen[1])}"))
     finally:
         session.close()
+    if incomplete is not None:
+        raise click.ClickException(f"cancelled {len(cancelled)} job(s), but: {'; '.join(incomplete.errors)}")
     click.echo(f"cancelled {len(cancelled)} job(s); none of the session's {len(jobs)} job(s) is active")
+
+
+@session_group.command("repair")
+@_DIR
+@click.option("--yes", is_flag=True, help="Restore it; without --yes, only show what would be restored.")
+@failures_as_click
+def repair_cmd(directory: Path, yes: bool) -> None:
+    """Put a damaged allocation.json back from its newest good copy.
+
+    A damaged record is restored on its own when the session directory
+    shows that nothing newer is lost; this is for the case that was
+    refused. It prints what would be restored and why it was not automatic;
+    with --yes it restores it (the damaged file is kept next to it as
+    allocation.json.corrupt-<time>). Needs no scheduler.
+    """
+    session_dir = SessionDir.open(directory)
+    plan = session_dir.repair_plan()
+    if plan is None:
+        click.echo(f"{session_dir.allocation_file}: reads well; nothing to repair")
+        return
+    click.echo(describe(plan), err=True)   # unwrapped: paths and reasons stay whole
+    if plan.source is None:
+        raise click.ClickException("nothing to restore from; the session's jobs can still be cancelled with "
+                                   f"`elastic-ray session teardown {session_dir.path}`")
+    if not yes:
+        click.echo("run again with --yes to restore it", err=True)
+        return
+    restored = session_dir.restore_allocation_backup()
+    click.echo(f"restored {plan.source.source} as generation {restored.generation}")

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import zmq
 
 from ..protocol.channel import HeartbeatSubscriber
+from ..errors import SessionDirError
+from ..protocol.recovery import pointer_to_restore
 from ..protocol.session_dir import SessionDir
 
 log = logging.getLogger(__name__)
@@ -50,9 +52,15 @@ class HeadWatch:
         self._ok = False
         self._draining = False
         self._ctx = zmq.Context.instance()
+        self._pointer_failed = False
 
     def _follow_pointer(self) -> None:
-        job = self.dir.read_ray_head()
+        job, damaged = self.dir.ray_head_state()
+        if damaged:
+            # Unknown, not "no head": a garbage pointer must not read as a
+            # lost head (which would start an election). Put it back instead.
+            self._restore_pointer()
+            job = self._job
         if job != self._job:
             self._close_sub()
             self._job, self._address, self._last_beat, self._ok, self._draining = job, None, None, False, False
@@ -68,6 +76,24 @@ class HeadWatch:
                 log.warning("event=head_subscribe_failed head_job=%s error=%s", self._job, exc)
                 return
             self._address, self._sub, self._subscribed_at = endpoint.address, sub, time.time()
+
+    def _restore_pointer(self) -> None:
+        """Rewrite a damaged ``ray_head`` from allocation.json's head
+        (``recovery.pointer_to_restore`` decides); one event when it is done,
+        one when it cannot be (then it is tried again at the next look)."""
+        try:
+            job = pointer_to_restore(self.dir.ray_head_state()[1], self.dir.read_allocation(), time.time())
+            if job is None:
+                return
+            self.dir.write_ray_head(job)
+        except (SessionDirError, OSError) as exc:
+            if not self._pointer_failed:
+                log.warning("event=ray_head_not_restored path=%s error=%s", self.dir.ray_head_file, exc)
+            self._pointer_failed = True
+            return
+        self._pointer_failed = False
+        log.warning("event=ray_head_restored path=%s head_job=%s source=%s", self.dir.ray_head_file, job,
+                    self.dir.allocation_file)
 
     def _read(self, wait: float, until_first: bool = False) -> None:
         """Listen up to ``wait`` s; with ``until_first``, stop at the first beat."""

@@ -23,8 +23,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..errors import ConfigError, SchedulerError
+from ..errors import ConfigError, SchedulerError, SessionDirError, TeardownIncomplete
 from ..protocol.records import AllocationRecord, SessionInfo, SubmissionIntent
+from ..protocol import allocation_repair
 from ..protocol.session_dir import SessionDir
 from ..scheduler.base import JobInfo, JobSpec, Scheduler, current_user
 from . import ownership
@@ -164,23 +165,63 @@ class SessionJobs:
         """Cancel every active job the session recorded or marked; returns their ids.
 
         By id and for the session's user only: a same-named job of another
-        session, or of another user, is left alone.
+        session, or of another user, is left alone. It never stops halfway:
+        with a damaged record it takes the ids from the record's copies and
+        the session directory's files, and with a scheduler that does not
+        answer it cancels the recorded ids blindly; every failure is
+        collected and raised once at the end (TeardownIncomplete), after
+        everything was tried.
         """
-        # The intent first: a process polling between the cancel and this
-        # update would take the CANCELLED workers for failures (.failures).
-        rec = self.dir.update_allocation(lambda r: replace(r, workers=MappingProxyType({
-            job: (w if w.state == "removed" else replace(w, state="removed")) for job, w in r.workers.items()}))
-            if any(w.state != "removed" for w in r.workers.values()) else r)
-        listed = self.listing(rec.recorded_jobs | set(extra))
-        targets = ownership.teardown_targets(rec, listed, self.info.session_id)
-        if targets:
+        errors: list[str] = []
+        rec: AllocationRecord | None = None
+        try:
+            # Marked removed before the cancel: a process polling between the
+            # cancel and this update would take the CANCELLED workers for
+            # failures (.failures).
+            rec = self.dir.update_allocation(lambda r: replace(r, workers=MappingProxyType({
+                job: (w if w.state == "removed" else replace(w, state="removed")) for job, w in r.workers.items()}))
+                if any(w.state != "removed" for w in r.workers.values()) else r)
+        except (SessionDirError, OSError) as exc:
+            errors.append(f"record: {exc}")
+        copies, seen = allocation_repair.known_jobs(self.dir)
+        ours = set(copies) | set(extra) | (set(rec.recorded_jobs) if rec is not None else set())
+        seen = set(seen) - ours
+        try:
+            listed = self.listing(ours | seen)
+        except SchedulerError as exc:
+            errors.append(f"query: {exc}")
+            targets = tuple(sorted(ours, key=int))   # nothing listed: by recorded id, blindly
+        else:
+            targets = ownership.teardown_targets_of(ours, listed, self.info.session_id, seen=seen,
+                                                    job_name=self.info.job_name)
+        cancelled = self._cancel(targets, errors)
+        log.info("event=teardown session=%s cancelled=%s problems=%d", self.info.job_name,
+                 ",".join(cancelled) or "-", len(errors))
+        if errors:
+            for error in errors:
+                log.warning("event=teardown_problem session=%s error=%s", self.info.job_name, error)
+            raise TeardownIncomplete(cancelled, tuple(errors))
+        return cancelled
+
+    def _cancel(self, targets: tuple[str, ...], errors: list[str]) -> tuple[str, ...]:
+        """One scancel for all; if it fails, one per job, so one bad id
+        cannot keep the others running."""
+        if not targets:
+            return ()
+        try:
+            self.scheduler.cancel_jobs(targets, user=self.user)
+            return targets
+        except SchedulerError as exc:
+            log.warning("event=teardown_cancel_failed session=%s jobs=%s error=%s", self.info.job_name,
+                        ",".join(targets), exc)
+        done: list[str] = []
+        for job in targets:
             try:
-                self.scheduler.cancel_jobs(targets, user=self.user)
+                self.scheduler.cancel_jobs([job], user=self.user)
+                done.append(job)
             except SchedulerError as exc:
-                log.warning("event=teardown_failed session=%s error=%s", self.info.job_name, exc)
-                raise
-        log.info("event=teardown session=%s cancelled=%s", self.info.job_name, ",".join(targets) or "-")
-        return targets
+                errors.append(f"cancel {job}: {exc}")
+        return tuple(done)
 
 
 __all__ = ["RecordAs", "SessionJobs"]

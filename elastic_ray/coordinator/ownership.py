@@ -147,10 +147,20 @@ def adopt_after_failure(marker: str, listed: Mapping[str, JobInfo]) -> tuple[str
 def teardown_targets(rec: AllocationRecord, listed: Mapping[str, JobInfo], session_id: str) -> tuple[str, ...]:
     """The active jobs a teardown cancels: every recorded one, and every one
     marked by this session (a submission in flight or lost), nothing else."""
-    ours = rec.recorded_jobs
+    return teardown_targets_of(rec.recorded_jobs, listed, session_id)
+
+
+def teardown_targets_of(ours: frozenset[str] | set[str], listed: Mapping[str, JobInfo], session_id: str, *,
+                        seen: frozenset[str] | set[str] = frozenset(), job_name: str = "") -> tuple[str, ...]:
+    """As :func:`teardown_targets`, from the ids recorded anywhere (the
+    record, its backup, its generation files), plus ``seen``: ids only the
+    session directory's files name (``jobs/<job>``, a job log), taken when
+    the scheduler lists them active under the session's job name."""
     return tuple(sorted((job for job, info in listed.items() if info.state.is_active
-                         and (job in ours or marker_session(info.comment) == session_id)), key=int))
+                         and (job in ours or marker_session(info.comment) == session_id
+                              or (job in seen and job_name and info.name == job_name))), key=int))
 
 
 __all__ = ["IN_FLIGHT", "MARKER_PREFIX", "WATCH", "Reconciliation", "adopt_after_failure", "is_in_flight",
-           "make_marker", "marker_session", "reconcile", "session_jobs", "teardown_targets"]
+           "make_marker", "marker_session", "reconcile", "session_jobs", "teardown_targets",
+           "teardown_targets_of"]

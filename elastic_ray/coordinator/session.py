@@ -509,7 +509,10 @@ class Session:
 
         By the ids the session recorded (and jobs marked by its submissions),
         for its user only, never by job name: another session that carries
-        the same name by mistake keeps running.
+        the same name by mistake keeps running. It never stops halfway: a
+        damaged record, a scheduler that does not answer or a failed cancel
+        is collected and raised once, as TeardownIncomplete, after every
+        job it could learn of was tried (see ``SessionJobs.teardown``).
         """
         self.close()
         return self.jobs.teardown(extra or ())

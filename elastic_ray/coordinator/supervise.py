@@ -39,6 +39,42 @@ def should_elect_on_its_own(has_workers: bool, ray_head_only: bool) -> bool:
     return has_workers or ray_head_only
 
 
+ERROR_REPEAT_INTERVAL = 300.0
+
+
+class RepeatedError:
+    """The log of an error that persists (a damaged record, a full disk, a
+    scheduler that does not answer): one line when it starts or changes,
+    then one every ``interval`` seconds while it lasts, with a count, and
+    one when it clears; not one per supervision cycle."""
+
+    def __init__(self, session_name: str, interval: float = ERROR_REPEAT_INTERVAL):
+        self.session_name = session_name
+        self.interval = interval
+        self.text: str | None = None
+        self.count = 0
+        self._logged_at = 0.0
+
+    def failed(self, text: str, now: float, *, trace: bool = False) -> bool:
+        """Note one failure; True when it was logged."""
+        if text != self.text:
+            self.text, self.count, self._logged_at = text, 1, now
+            log.warning("event=supervisor_error session=%s error=%s", self.session_name, text, exc_info=trace)
+            return True
+        self.count += 1
+        if now - self._logged_at < self.interval:
+            return False
+        self._logged_at = now
+        log.warning("event=supervisor_error_persists session=%s times=%d error=%s", self.session_name, self.count,
+                    text)
+        return True
+
+    def cleared(self, now: float) -> None:
+        if self.text is not None:
+            log.info("event=supervisor_error_cleared session=%s times=%d", self.session_name, self.count)
+            self.text, self.count = None, 0
+
+
 class HeadSupervisor:
     def __init__(self, session: SupervisedSession, interval: float = DEFAULT_INTERVAL, keep_worker: bool = True,
                  on_event: Callable[[str, dict], None] | None = None):
@@ -49,6 +85,7 @@ class HeadSupervisor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="elastic-ray-head-supervisor", daemon=True)
         self.noticed: list[tuple[float, str]] = []  # (time, what) for status and benchmarks
+        self._errors = RepeatedError(session.job_name)
 
     def start(self) -> "HeadSupervisor":
         self._thread.start()
@@ -89,9 +126,11 @@ class HeadSupervisor:
                     next_full = now + self.interval
                     self._check(now, obs)
             except ElasticRayError as exc:
-                log.warning("event=supervisor_error session=%s error=%s", self.session.job_name, exc)
-            except Exception:
-                log.exception("event=supervisor_error session=%s", self.session.job_name)
+                self._errors.failed(str(exc), time.monotonic())
+            except Exception as exc:
+                self._errors.failed(f"{type(exc).__name__}: {exc}", time.monotonic(), trace=True)
+            else:
+                self._errors.cleared(time.monotonic())
             self._stop.wait(0.05)
 
     def _check(self, now: float, obs: HeadObservation) -> None:

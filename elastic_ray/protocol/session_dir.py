@@ -19,8 +19,15 @@ Rules kept here so no caller can forget them: writes are atomic (see
 ``atomic``), ``allocation.json`` changes by compare-and-swap on its
 generation (a file lock only spares writers the retries), every read is
 validated, and a malformed file is reported as CorruptFileError, never
-overwritten blindly. The directory is 0700 and the secret 0600; a secret
-that others can read is refused.
+overwritten blindly (a damaged record is restored from a good copy only
+when nothing newer is lost: :mod:`.recovery` decides, :mod:`.allocation_repair`
+acts). The directory is 0700 and the secret 0600; a secret that others can
+read is refused.
+
+Why one module: the record's compare-and-swap, its readers and its repair
+share one set of private invariants (the generation files, the mirror, the
+backup, the lock); keeping them on one class keeps them out of every other
+module's reach.
 """
 
 from __future__ import annotations
@@ -43,8 +50,10 @@ from typing import ContextManager
 import filelock
 
 from ..errors import CorruptFileError, SessionDirError, UnsafePathError
-from ..atomic import _fsync_dir, atomic_write_bytes, atomic_write_json, read_bytes_bounded, read_record
+from ..atomic import _fsync_dir, _naming, atomic_write_bytes, atomic_write_json, read_bytes_bounded, read_record
 from ..ray_auth import TOKEN_FILE_NAME, derive_ray_token, ray_auth_env
+from . import allocation_repair
+from .recovery import RecoveryPlan
 from .records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, check_job_id, is_job_id
 
 log = logging.getLogger(__name__)
@@ -106,6 +115,10 @@ class SessionDir:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path).absolute()
+        # The last reason automatic recovery was refused, and the last bad
+        # pointer content, each logged once rather than at every read.
+        self._last_refusal: str | None = None
+        self._last_bad_pointer: str | None = None
 
     # ------------------------------------------------------------ paths
     @property
@@ -286,12 +299,21 @@ class SessionDir:
         return record
 
     def read_allocation(self) -> AllocationRecord:
-        """The current record. Raises CorruptFileError if it is damaged.
+        """The current record.
 
         Starts from allocation.json and moves forward to the newest committed
         generation (listing allocation.gen/, then probing past the listing,
-        which a client cache may show stale).
+        which a client cache may show stale). A damaged record is put back
+        from a good copy, under the file lock, when the directory shows that
+        nothing newer is lost (:mod:`.recovery`); otherwise CorruptFileError
+        says why not and names ``elastic-ray session repair``.
         """
+        try:
+            return self._read_newest()
+        except CorruptFileError as exc:
+            return self._recover(exc, locked=False)
+
+    def _read_newest(self) -> AllocationRecord:
         for _ in range(10):
             record = self._read_mirror()
             newest = max([record.generation, *self._generations()])
@@ -305,6 +327,28 @@ class SessionDir:
                 continue   # pruned by a writer meanwhile: look again
         raise SessionDirError(f"{self.allocation_file}: the record kept changing while read; try again")
 
+    def _recover(self, error: CorruptFileError, *, locked: bool) -> AllocationRecord:
+        if locked:
+            return allocation_repair.recover_automatically(self, error)
+        try:
+            with _flock(self.lock_file, DEFAULT_LOCK_TIMEOUT):
+                try:
+                    return self._read_newest()   # repaired by another process while we waited
+                except CorruptFileError as again:
+                    return allocation_repair.recover_automatically(self, again)
+        except filelock.Timeout:
+            raise CorruptFileError(error.path, f"{error.reason}; could not lock {self.lock_file} to restore "
+                                               "it from a good copy") from None
+
+    def repair_plan(self) -> RecoveryPlan | None:
+        """What ``restore_allocation_backup`` would put back and whether it
+        would have happened on its own; None when the record reads well."""
+        try:
+            self._read_newest()
+            return None
+        except CorruptFileError as exc:
+            return allocation_repair.plan(self, allocation_repair.damaged_file(exc.path, exc.reason))
+
     def update_allocation(
         self,
         change: Callable[[AllocationRecord], AllocationRecord],
@@ -316,8 +360,9 @@ class SessionDir:
         ``change`` must be a pure function of the record: when another writer
         commits first, it is called again on the newer record. Returning the
         same object writes nothing. A damaged record is not overwritten:
-        CorruptFileError is raised and the damaged file is left in place for
-        ``restore_allocation_backup`` or a human.
+        it is restored first when that provably loses nothing (see
+        ``read_allocation``), else CorruptFileError is raised and the damaged
+        file is left in place for ``elastic-ray session repair`` or a human.
         """
         deadline = time.monotonic() + timeout
         try:
@@ -325,7 +370,10 @@ class SessionDir:
                 attempt = 0
                 while True:
                     attempt += 1
-                    current = self.read_allocation()
+                    try:
+                        current = self._read_newest()
+                    except CorruptFileError as exc:
+                        current = self._recover(exc, locked=True)
                     updated = change(current)
                     if updated is current:
                         return current
@@ -349,10 +397,15 @@ class SessionDir:
     def _commit(self, record: AllocationRecord) -> bool:
         """Commit ``record`` as its generation; False if another writer did first."""
         text = json.dumps(record.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
-        self.generation_dir.mkdir(mode=0o700, exist_ok=True)
-        # The temporary file lives next to its link: some filesystems (older
-        # BeeGFS) make hard links only within one directory.
-        fd, tmp_name = tempfile.mkstemp(prefix=".allocation.", suffix=".tmp", dir=self.generation_dir)
+        # A write that fails (a full filesystem) commits nothing; the error
+        # names the record, whose current content stays as it was.
+        try:
+            self.generation_dir.mkdir(mode=0o700, exist_ok=True)
+            # The temporary file lives next to its link: some filesystems (older
+            # BeeGFS) make hard links only within one directory.
+            fd, tmp_name = tempfile.mkstemp(prefix=".allocation.", suffix=".tmp", dir=self.generation_dir)
+        except OSError as exc:
+            raise _naming(exc, self.allocation_file) from exc
         try:
             try:
                 os.fchmod(fd, 0o600)
@@ -360,6 +413,8 @@ class SessionDir:
                 while view:
                     view = view[os.write(fd, view):]
                 os.fsync(fd)
+            except OSError as exc:
+                raise _naming(exc, self.allocation_file) from exc
             finally:
                 os.close(fd)
             target = self.generation_file(record.generation)
@@ -383,7 +438,13 @@ class SessionDir:
                 os.unlink(tmp_name)
         # The backup mirrors the last good record; if we die between the
         # writes it lags, which repair can live with.
-        atomic_write_json(self.backup_file, record.to_dict())
+        # A failed backup write (a full filesystem) must not fail the update:
+        # it is committed, and a caller that saw an error would apply it twice.
+        try:
+            atomic_write_json(self.backup_file, record.to_dict())
+        except OSError as exc:
+            log.warning("event=allocation_backup_failed path=%s generation=%s error=%s", self.backup_file,
+                        record.generation, exc)
         self._prune_generations(record.generation)
         return True
 
@@ -394,41 +455,29 @@ class SessionDir:
                     os.unlink(self.generation_file(generation))
 
     def restore_allocation_backup(self) -> AllocationRecord:
-        """Put the last good record back after allocation.json was damaged.
+        """Put the newest good copy back, whatever the evidence says (the
+        command ``elastic-ray session repair --yes``; automatic recovery is
+        in ``read_allocation``).
 
-        The newest record that still reads well (a generation file, else
-        allocation.json.bak) is committed again as a new generation, so
-        writers continue from it. The damaged file is kept next to it as
-        ``allocation.json.corrupt-<time>``.
+        The newest record that still reads well (a generation file,
+        allocation.json.bak, or allocation.json itself when only a generation
+        file is damaged) is committed again as a new generation, so writers
+        continue from it. The damaged file is kept as
+        ``allocation.json.corrupt-<time>``. A record that reads well is put
+        back unchanged under a new generation.
         """
         with _flock(self.lock_file, DEFAULT_LOCK_TIMEOUT):
-            kept = self._generations()
-            good: AllocationRecord | None = None
-            for generation in reversed(kept):
-                try:
-                    good = self._read_generation(generation)
-                    break
-                except (OSError, CorruptFileError):
-                    continue
             try:
-                backup = read_record(self.backup_file, AllocationRecord.from_dict)
-            except (FileNotFoundError, CorruptFileError) as exc:
-                if good is None:
-                    raise CorruptFileError(str(self.backup_file), f"no usable backup ({exc})") from None
-            else:
-                if good is None or backup.generation > good.generation:
-                    good = backup
-            if self.allocation_file.exists():
-                aside = self.path / f"allocation.json.corrupt-{int(time.time())}"
-                os.replace(self.allocation_file, aside)
-                log.warning("event=allocation_restored damaged=%s", aside)
-            # Numbered past every generation ever committed, so no writer's
-            # compare-and-swap can collide with a damaged one.
-            restored = replace(good, generation=max([good.generation, *kept]) + 1)
-            while not self._commit(restored):
-                restored = replace(restored, generation=restored.generation + 1)
-            if not self.allocation_file.exists():
-                atomic_write_json(self.allocation_file, restored.to_dict())
+                self._read_newest()
+                damaged = None
+            except CorruptFileError as exc:
+                damaged = allocation_repair.damaged_file(exc.path, exc.reason)
+            recovery = allocation_repair.plan(
+                self, damaged or allocation_repair.damaged_file("", "no damage found"))
+            restored, aside = allocation_repair.restore(self, recovery)
+            log.warning("event=allocation_restored path=%s source=%s generation=%s kept_as=%s refusals=%r",
+                        recovery.damaged.path, recovery.source.source if recovery.source else None,
+                        restored.generation, aside, recovery.refusals)
             return restored
 
     # ------------------------------------------------------------ ray_head pointer
@@ -439,17 +488,30 @@ class SessionDir:
         Opening the file anew on each read also gets fresh content on NFS
         (close-to-open consistency), which a cached stat would not.
         """
+        return self.ray_head_state()[0]
+
+    def ray_head_state(self) -> tuple[str | None, bool]:
+        """``(job, damaged)``: the job ``ray_head`` names (None if absent or
+        unreadable), and whether the file is there but unreadable. A damaged
+        pointer means "unknown" (keep the head you follow), an absent one
+        "none yet". Each bad content is logged once, not at every poll."""
         try:
             text = read_bytes_bounded(self.ray_head_file, 64).decode("ascii", "replace").strip()
         except FileNotFoundError:
-            return None
+            return None, False
         except (OSError, CorruptFileError) as exc:
-            log.warning("event=ray_head_unreadable path=%s reason=%s", self.ray_head_file, exc)
-            return None
+            self._pointer_warning(str(exc), "event=ray_head_unreadable path=%s reason=%s", exc)
+            return None, True
         if not is_job_id(text):
-            log.warning("event=ray_head_invalid path=%s content=%r", self.ray_head_file, text[:64])
-            return None
-        return text
+            self._pointer_warning(text, "event=ray_head_invalid path=%s content=%r", text[:64])
+            return None, True
+        self._last_bad_pointer = None
+        return text, False
+
+    def _pointer_warning(self, key: str, fmt: str, detail: object) -> None:
+        if self._last_bad_pointer != key:
+            self._last_bad_pointer = key
+            log.warning(fmt, self.ray_head_file, detail)
 
     def write_ray_head(self, job_id: str) -> None:
         atomic_write_bytes(self.ray_head_file, (check_job_id(job_id) + "\n").encode(), mode=0o644)
