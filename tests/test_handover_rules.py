@@ -5,6 +5,7 @@ and a short rejoin_timeout is warned about."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -18,7 +19,7 @@ from elastic_ray.coordinator.claims import election_claim, renew_claim
 from elastic_ray.coordinator.failover import Failover
 from elastic_ray.coordinator.session import Session
 from elastic_ray.errors import ConfigError
-from elastic_ray.protocol.records import SessionInfo
+from elastic_ray.protocol.records import AllocationRecord, SessionInfo
 from elastic_ray.protocol.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobInfo, JobState, Scheduler
 
@@ -72,22 +73,24 @@ def test_waiting_for_a_queued_successor_keeps_the_claim_for_longer_than_its_peri
                 return
             time.sleep(0.05)
 
-    with election_claim(d, failover.claimant, period):
-        failover._renewed_at = time.monotonic()
-        done = threading.Event()
-        thread = threading.Thread(target=rival)
-        thread.start()
-        try:
-            # Five claim periods in the queue: the successor never starts.
-            assert failover.wait_head_ready("42", time.monotonic() + 5 * period) is False
-            assert not taken, "the claim lapsed while the elector waited; a second election could start"
-            # Once the elector stops renewing, the claim does lapse and the rival gets it:
-            # the check above could have failed.
-            thread.join(timeout=5 * period)
-            assert taken, "the rival never took the claim after the renewals stopped"
-        finally:
-            done.set()
-            thread.join()
+    # Taken by hand, not through election_claim (whose own thread would renew it):
+    # here only the waiting elector's keep_claim renews.
+    d.update_allocation(lambda r: election.claim(r, failover.claimant, time.time(), period)[0])
+    failover._renewed_at = time.monotonic()
+    done = threading.Event()
+    thread = threading.Thread(target=rival)
+    thread.start()
+    try:
+        # Five claim periods in the queue: the successor never starts.
+        assert failover.wait_head_ready("42", time.monotonic() + 5 * period) is False
+        assert not taken, "the claim lapsed while the elector waited; a second election could start"
+        # Once the elector stops renewing, the claim does lapse and the rival gets it:
+        # the check above could have failed.
+        thread.join(timeout=5 * period)
+        assert taken, "the rival never took the claim after the renewals stopped"
+    finally:
+        done.set()
+        thread.join()
 
 
 # ---------------------------------------------------------------- one-node separate head
@@ -182,3 +185,55 @@ def test_in_signal_window(signal, end_in, inside):
 
     now = 1_000_000.0
     assert in_signal_window(signal, None if end_in is None else now + end_in, now) is inside
+
+
+# ---------------------------------------------------------------- the claim as a lease
+
+def test_a_claim_whose_holder_is_known_dead_is_taken_at_once():
+    rec0 = AllocationRecord(head_job="1")
+    held, ok = election.claim(rec0, "host-a:11:aa", 1000.0, period=30)
+    assert ok
+    refused, ok = election.claim(held, "host-b:22:bb", 1001.0, period=30)
+    assert not ok and refused is held
+    refused, ok = election.claim(held, "host-b:22:bb", 1001.0, period=30, holder_dead=lambda c: False)
+    assert not ok and refused is held
+    taken, ok = election.claim(held, "host-b:22:bb", 1001.0, period=30, holder_dead=lambda c: c == "host-a:11:aa")
+    assert ok and taken.election.claimant == "host-b:22:bb"
+    assert taken.election.since == 1001.0, "a new election begins; the dead one's start is not inherited"
+
+
+@pytest.mark.parametrize("claimant, expected", [
+    ("host-a:11:aa", ("host-a", 11)), ("h:1:x", ("h", 1)),
+    ("rival", None), ("a:b:c", None), (":1:x", None), ("h:1", None), ("h:1:x:y", None), ("h:-1:x", None),
+])
+def test_claimant_process_reads_only_what_failover_writes(claimant, expected):
+    assert election.claimant_process(claimant) == expected
+
+
+def test_holder_gone_only_for_a_process_of_this_host_that_ended():
+    import socket
+    import subprocess
+    import sys
+
+    from elastic_ray.coordinator.claims import holder_gone
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    host = socket.gethostname()
+    assert holder_gone(f"{host}:{ended.pid}:x") is True
+    assert holder_gone(f"{host}:{os.getpid()}:x") is False
+    assert holder_gone(f"{host}-elsewhere:{ended.pid}:x") is False, "another host's pid says nothing here"
+    assert holder_gone("rival") is False
+
+
+def test_the_claim_is_renewed_while_its_block_runs_and_released_after(tmp_path):
+    period = 0.8
+    d = _dir(tmp_path)
+    with election_claim(d, "me:1:x", period) as claim:
+        assert claim.held
+        deadline = time.time() + 3 * period
+        while time.time() < deadline:
+            rec = d.update_allocation(lambda r: election.claim(r, "rival", time.time(), period)[0])
+            assert not election.holds_claim(rec, "rival"), "the lease lapsed while its holder worked"
+            time.sleep(0.1)
+    assert d.read_allocation().election is None, "released when the block ends"

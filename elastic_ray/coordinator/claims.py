@@ -7,12 +7,21 @@ allocation.json. Taking it, checking who won and giving it back (also when
 the work raises) is done here once, so that no caller can forget the
 release and leave every other process waiting for the claim to expire.
 
+The claim is a lease: short (``election.DEFAULT_CLAIM_PERIOD``, 30 s) and
+renewed by a thread every quarter period while its block runs, so an
+elector that dies anywhere holds the next one off for at most one period,
+and one that dies on this host (its pid is gone) for none at all.
+
 The decisions themselves (is the claim free or expired, the new claim
 record, who holds it) are the pure functions of :mod:`.election`.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +30,28 @@ from dataclasses import dataclass
 from ..protocol.records import AllocationRecord, ElectionClaim
 from ..protocol.session_dir import SessionDir
 from . import election
+
+log = logging.getLogger("elastic_ray.coordinator")
+
+
+def holder_gone(claimant: str) -> bool:
+    """True only when the claim's holder is a process of this host that no
+    longer exists. Another host's process, or a pid now used by someone
+    else, counts as alive: then the claim waits out its period (safe)."""
+    who = election.claimant_process(claimant)
+    if who is None or who[0] != socket.gethostname():
+        return False
+    try:
+        os.kill(who[1], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{who[1]}/status") as f:  # a zombie is gone too
+            return any(line.startswith("State:") and line.split()[1] == "Z" for line in f)
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -47,13 +78,36 @@ def election_claim(directory: SessionDir, claimant: str, period: float,
     ends; a claim we did not win is left alone. ``clock`` is wall-clock time
     because claims are compared across hosts.
     """
-    record = directory.update_allocation(lambda r: election.claim(r, claimant, clock(), period)[0])
+    record = directory.update_allocation(
+        lambda r: election.claim(r, claimant, clock(), period, holder_dead=holder_gone)[0])
     held = election.holds_claim(record, claimant)
+    stop = threading.Event()
+    renewer = None
+    if held:
+        renewer = threading.Thread(target=_keep_renewing, args=(directory, claimant, period, clock, stop),
+                                   name="election-claim", daemon=True)
+        renewer.start()
     try:
         yield ClaimOutcome(held, record)
     finally:
+        stop.set()
+        if renewer is not None:
+            renewer.join()
         if held:
             directory.update_allocation(lambda r: election.release(r, claimant))
+
+
+def _keep_renewing(directory: SessionDir, claimant: str, period: float, clock: Callable[[], float],
+                   stop: threading.Event) -> None:
+    """Renew the held claim every quarter period until ``stop``; a failed
+    write (a full disk, a damaged record) is retried at the next tick."""
+    while not stop.wait(period / 4):
+        try:
+            if not renew_claim(directory, claimant, period, clock):
+                log.warning("event=claim_lost claimant=%s: another process took the election claim", claimant)
+                return
+        except Exception as exc:  # noqa: BLE001 - keep trying; the period leaves three more chances
+            log.warning("event=claim_renew_failed claimant=%s error=%s", claimant, exc)
 
 
 def renew_claim(directory: SessionDir, claimant: str, period: float,

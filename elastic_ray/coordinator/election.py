@@ -40,7 +40,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Union
 
@@ -48,7 +48,7 @@ from ..protocol.records import AllocationRecord, ElectionClaim, WorkerRecord, ch
 from ..scheduler.base import JobInfo, JobState
 
 #: A claim whose elector died blocks the next election this long (seconds).
-DEFAULT_CLAIM_PERIOD = 120.0
+DEFAULT_CLAIM_PERIOD = 30.0
 
 #: A worker allocation that failed this many times to start a head is passed over.
 MAX_HEAD_FAILURES = 2
@@ -355,14 +355,27 @@ def live_claim(record: AllocationRecord, now: float) -> ElectionClaim | None:
     return current if current is not None and current.is_live(now) else None
 
 
+def claimant_process(claimant: str) -> tuple[str, int] | None:
+    """``(host, pid)`` of a claimant named ``host:pid:nonce`` (what Failover
+    writes), or None for any other shape (then only expiry frees the claim)."""
+    parts = claimant.split(":")
+    if len(parts) != 3 or not parts[0] or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
+
+
 def claim(record: AllocationRecord, claimant: str, now: float,
-          period: float = DEFAULT_CLAIM_PERIOD) -> tuple[AllocationRecord, bool]:
+          period: float = DEFAULT_CLAIM_PERIOD,
+          holder_dead: Callable[[str], bool] | None = None) -> tuple[AllocationRecord, bool]:
     """Try to become the one process that runs the election.
 
     Succeeds when no claim is live (none, or an expired one left by an elector
-    that died) or when the live claim is already ours, in which case it is
-    renewed: an elector waiting a long time for its head renews to keep the
-    others out. A renewal keeps the original ``since`` (when the election
+    that died), when ``holder_dead`` says the live claim's holder is known to
+    be gone (a process on this very host that no longer exists: waiting out
+    its period would only delay the run), or when the live claim is already
+    ours, in which case it is renewed: the holder renews every fraction of
+    the period while it works (``claims.election_claim``) to keep the others
+    out. A renewal keeps the original ``since`` (when the election
     began) and moves ``expires``. On refusal the very same record is returned,
     so ``update_allocation`` writes nothing.
 
@@ -375,7 +388,9 @@ def claim(record: AllocationRecord, claimant: str, now: float,
         raise ValueError(f"period={period!r}: must be a positive number of seconds")
     current = live_claim(record, now)
     if current is not None and current.claimant != claimant:
-        return record, False
+        if holder_dead is None or not holder_dead(current.claimant):
+            return record, False
+        current = None
     since = current.since if current is not None else now
     return replace(record, election=ElectionClaim(claimant=claimant, since=since, expires=now + period)), True
 
@@ -494,5 +509,5 @@ __all__ = [
     "ChoiceKind", "HeadChoice", "UsePublishedSuccessor", "HostOnWorker", "SubmitNewHead",
     "HeadCondition", "HeadAssessment", "LiveWorker",
     "time_left_at", "choose_head", "head_is_healthy", "assess_head", "needs_election",
-    "live_claim", "claim", "holds_claim", "release", "apply_new_head", "record_head_failure", "live_workers",
+    "live_claim", "claimant_process", "claim", "holds_claim", "release", "apply_new_head", "record_head_failure", "live_workers",
 ]
