@@ -237,3 +237,48 @@ def test_the_claim_is_renewed_while_its_block_runs_and_released_after(tmp_path):
             assert not election.holds_claim(rec, "rival"), "the lease lapsed while its holder worked"
             time.sleep(0.1)
     assert d.read_allocation().election is None, "released when the block ends"
+
+
+def test_an_elector_that_wins_the_claim_after_another_election_judges_the_new_head_first():
+    """Seen on the lab: of three processes calling replace_head() together, one
+    judged the old head, waited for the claim, and then elected again over
+    the head the first elector had just made."""
+    from contextlib import contextmanager
+
+    from elastic_ray.coordinator.claims import ClaimOutcome
+    from elastic_ray.coordinator.headwatch import HeadObservation
+
+    old = AllocationRecord(head_job="31", predecessors=())
+    new = AllocationRecord(head_job="32", predecessors=("31",))
+    jobs = {"31": JobInfo("31", "er-x", JobState.COMPLETED), "32": JobInfo("32", "er-x", JobState.RUNNING)}
+
+    class Racer:
+        job_name = "er-x"
+        looks = 0
+
+        def observe_head(self, wait=0.0):
+            # First look: the old head, silent. Later: the new one, answering.
+            if self.looks == 0:
+                return HeadObservation("31", None, False, False, None)
+            return HeadObservation("32", "10.0.0.2:6379", True, False, 0.1)
+
+        def record(self):
+            self.looks += 1
+            return old if self.looks == 1 else new
+
+        def query(self):
+            return jobs
+
+        def assess_head(self, rec, jobs, obs, now):
+            alive = obs.alive and obs.job == rec.head_job
+            return election.assess_head(rec, jobs, head_alive=alive, now=now)
+
+        @contextmanager
+        def election_claim(self, claimant):
+            yield ClaimOutcome(True, new)  # the claim is free again: the other elector is done
+
+    failover = Failover(Racer())  # type: ignore[arg-type]
+    elections = []
+    failover.elect = lambda *a, **k: elections.append(a)  # type: ignore[method-assign]
+    assert failover.replace_head(timeout=10, progress=None) == ("32", "10.0.0.2:6379")
+    assert elections == [], "a head elected a moment ago was replaced by a second election"

@@ -73,7 +73,15 @@ class Failover:
                 last = assessment.condition.value
             if assessment.needs_election:
                 with s.election_claim(claimant) as claim:
-                    if claim.held:
+                    if claim.held and claim.record.head_job != rec.head_job:
+                        # Another elector finished between our look and our
+                        # claim: what we judged is no longer the head. Judge
+                        # the new one first (electing now would replace a
+                        # head that was elected a moment ago).
+                        log.info("event=election_skipped session=%s judged=%s now=%s", s.job_name,
+                                 rec.head_job, claim.record.head_job)
+                        elected.set()
+                    elif claim.held:
                         self._renewed_at = time.monotonic()
                         self.elect(claim.record, jobs, progress, deadline)
                         elected.set()

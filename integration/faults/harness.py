@@ -182,7 +182,7 @@ def joined_on_ended(status: dict) -> list[str]:
         if row.get("state") == "RUNNING":
             continue
         for node in row.get("nodes", []):
-            shown = node.get("state") or node.get("agent_state")
+            shown = node.get("node_state") or node.get("agent_state")
             if shown == "JOINED" and not node.get("agent_exited"):
                 bad.append(f"{row['role']} {row['job_id']} {row['state']}: {node['node']} JOINED")
     return bad
@@ -205,7 +205,7 @@ def _unusual(status: dict) -> bool:
     for row in status.get("jobs", []):
         if row["state"] != "RUNNING" and not row["role"].startswith("head (replaced"):
             return True
-        if any((n.get("state") or n.get("agent_state")) != "JOINED" for n in row.get("nodes", [])):
+        if any((n.get("node_state") or n.get("agent_state")) != "JOINED" for n in row.get("nodes", [])):
             return True
     return False
 
@@ -326,7 +326,7 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
                                  launcher=RayLauncher(object_store_memory=100_000_000), supervise=False)
         ctx = Ctx(session, Path(parent), session.record().head_job, [], {}, t_start=t0)
         session.wait_for_head(timeout=120)
-        handles = [session.add_worker_allocation(w, **({"keep_capacity": True} if sc.keep_capacity else {}))
+        handles = [session.add_worker_allocation(w, resubmit_on_failure=1 if sc.keep_capacity else 0)
                    for w in WORKERS]
         for h in handles:
             nodes = session.wait_for_worker_allocation(h, timeout=180)

@@ -30,7 +30,7 @@ def _saw_node_not_joined(ctx: Ctx, job: str) -> str | None:
                 continue
             if row["state"] != "RUNNING":
                 return None
-            if any((n.get("state") or n.get("agent_state")) != "JOINED" for n in row.get("nodes", [])):
+            if any((n.get("node_state") or n.get("agent_state")) != "JOINED" for n in row.get("nodes", [])):
                 return None
     if any(j == job and s != "JOINED" for j, _, s in ctx.node_states_seen):
         return None
@@ -288,7 +288,8 @@ SHORT_HEAD = replace(HEAD, time_limit="3")
 SCENARIOS: list[Scenario] = [
     Scenario("worker-raylet-kill", "process", "kill -9 of a worker's raylet", kill_worker_raylet, ci=True,
              status_check=_b(_saw_node_not_joined)),
-    Scenario("worker-agent-kill", "process", "kill -9 of a worker's agent", kill_worker_agent,
+    Scenario("worker-agent-kill", "process", "kill -9 of a worker's agent (its allocation resubmitted)",
+             kill_worker_agent, keep_capacity=True,
              status_check=_b(_saw_node_not_joined)),
     Scenario("head-agent-kill", "process", "kill -9 of the head's agent", kill_head_agent,
              status_check=_head(_saw_head_lost)),
@@ -319,7 +320,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("filesystem-full", "session-dir", "the session directory's filesystem full for 8 s",
              _fill_with_current, workdir_factory=_loop_fs),
     Scenario("worker-lost-head-moves", "combined", "a worker's network cut while the head is cancelled",
-             worker_lost_while_head_moves, status_check=_head(_saw_head_lost)),
+             worker_lost_while_head_moves, ci=True, status_check=_head(_saw_head_lost)),
 ]
 
 BY_NAME = {s.name: s for s in SCENARIOS}
