@@ -270,7 +270,7 @@ def test_claim_free_record():
     claimed, ok = claim(record, "host-a:1", NOW)
     assert ok
     assert claimed.election == ElectionClaim("host-a:1", since=NOW, expires=NOW + DEFAULT_CLAIM_PERIOD)
-    assert DEFAULT_CLAIM_PERIOD == 30.0  # a lease renewed every 7.5 s by its holder (claims.py)
+    assert DEFAULT_CLAIM_PERIOD == 120.0  # the seed: a dead elector's claim blocks the next election for 2 minutes
     assert record.election is None, "records are immutable"
     assert replace(claimed, election=None) == record
 

@@ -7,10 +7,12 @@ allocation.json. Taking it, checking who won and giving it back (also when
 the work raises) is done here once, so that no caller can forget the
 release and leave every other process waiting for the claim to expire.
 
-The claim is a lease: short (``election.DEFAULT_CLAIM_PERIOD``, 30 s) and
-renewed by a thread every quarter period while its block runs, so an
-elector that dies anywhere holds the next one off for at most one period,
-and one that dies on this host (its pid is gone) for none at all.
+The claim is a lease: ``election.DEFAULT_CLAIM_PERIOD`` (2 minutes, the
+seed's figure for how long a dead elector's claim blocks the next
+election), renewed by a thread every quarter period while its block runs,
+so a live elector never loses it however long its election takes. An
+elector that died holds the next election off for at most one period; one
+that died on the host of the process asking (its pid is gone) for none.
 
 The decisions themselves (is the claim free or expired, the new claim
 record, who holds it) are the pure functions of :mod:`.election`.

@@ -48,7 +48,7 @@ from ..protocol.records import AllocationRecord, ElectionClaim, WorkerRecord, ch
 from ..scheduler.base import JobInfo, JobState
 
 #: A claim whose elector died blocks the next election this long (seconds).
-DEFAULT_CLAIM_PERIOD = 30.0
+DEFAULT_CLAIM_PERIOD = 120.0
 
 #: A worker allocation that failed this many times to start a head is passed over.
 MAX_HEAD_FAILURES = 2

@@ -115,6 +115,7 @@ class Result:
     name: str
     family: str
     title: str
+    units: int = TOTAL_UNITS
     finished: bool = False
     outcome: str = ""
     work_again: float | None = None
@@ -311,7 +312,7 @@ def _wait(pred: Callable[[], bool], timeout: float, step: float = 0.5) -> bool:
 
 def run_scenario(sc: Scenario, base: Path) -> Result:
     """Set up a session, run the payload, inject ``sc``'s fault, tear down, check the invariants."""
-    res = Result(sc.name, sc.family, sc.title)
+    res = Result(sc.name, sc.family, sc.title, units=sc.units)
     t0 = time.time()
     print(f"\n=== {sc.name}: {sc.title}", flush=True)
     saved_env = {k: os.environ.get(k) for k in {**AGENT_ENV, **sc.agent_env}}

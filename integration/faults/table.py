@@ -19,8 +19,11 @@ def render_table(results: Sequence, *, command: str, minutes: float) -> str:
     """One row per scenario; the invariants as ✓/✗ and every failure spelled out below."""
     lines = [
         f"Fault matrix, {time.strftime('%Y-%m-%d %H:%M')} UTC, `{command}` "
-        f"({len(results)} scenarios, {minutes:.1f} min on the lab). Payload: 120 units of 0.5 s, "
-        "committed outside Ray; a separate CPU head and two 2-CPU workers (gpu-a, gpu-b).",
+        f"({len(results)} scenarios, {minutes:.1f} min on the lab). Payload: units of 0.5 s (120, or as "
+        "many as the walltime scenarios need to outlive the head), each committed outside Ray; a separate "
+        "CPU head and two 2-CPU workers (gpu-a, gpu-b). *work again*: fault → first commit of a unit started "
+        "after it; *rejoined*: fault → every worker node JOINED to the current head again (*no drop*: the "
+        "session never saw a node leave); *redone*: units computed twice, committed once.",
         "",
         "| scenario | fault | → work again | → all rejoined | redone | lost | once | jobs left | procs left "
         "| status during the fault | holds |",
