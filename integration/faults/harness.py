@@ -128,6 +128,7 @@ class Result:
     procs_left: list[str] = field(default_factory=list)
     status_problem: str | None = None
     status_excerpt: str = ""
+    agent_excerpt: str = ""  # `elastic-agent status` on the hit node, its state line, where the scenario asked
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
@@ -412,6 +413,11 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
                 res.failures.append(f"status showed {bad}")
                 break
         res.status_excerpt = status_line(_most_telling(ctx.status_seen))
+        for text in ctx.agent_status_seen:
+            state = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("state")]
+            if state:
+                res.agent_excerpt = f"{text.split('$', 1)[0]}: {' '.join(state[0].split())}"
+                break
     except Exception as e:  # noqa: BLE001 - the scenario's own set-up broke
         res.failures.append(f"harness: {type(e).__name__}: {e}")
         traceback.print_exc()

@@ -32,8 +32,10 @@ def render_table(results: Sequence, *, command: str, minutes: float) -> str:
     for r in results:
         once = "✓" if not r.duplicates and (r.finished and not r.lost) else "✗"
         excerpt = (r.status_excerpt or "").replace("|", "/")
-        if len(excerpt) > 160:
-            excerpt = excerpt[:157] + "…"
+        if len(excerpt) > 200:
+            excerpt = excerpt[:197] + "…"
+        if getattr(r, "agent_excerpt", ""):
+            excerpt += f"; `elastic-agent status` on {r.agent_excerpt}".replace("|", "/")
         lines.append(
             f"| {r.name} | {r.title} | {_secs(r.work_again)} | {_secs(r.rejoined, r.rejoin_note)} | {r.redone} "
             f"| {r.lost} | {once} | {len(r.jobs_left)} | {len(r.procs_left)} | {excerpt} "
