@@ -11,6 +11,8 @@ Figures, all from wall clocks on the one host:
 
 * *work again*: fault → the first commit of a unit whose computation started
   after the fault (so it includes one unit's compute time, 0.5 s);
+* *longest stall*: the longest time after the fault in which no unit started
+  anywhere (a lost node can stall every task later than the first commit);
 * *rejoined*: fault → the last moment every worker node was JOINED to the
   current head after at least one sample showed it was not (``—`` if never
   back; ``no drop`` if the session never saw a node leave);
@@ -119,6 +121,7 @@ class Result:
     finished: bool = False
     outcome: str = ""
     work_again: float | None = None
+    stall: float | None = None
     rejoined: float | None = None
     rejoin_note: str = ""
     redone: int = 0
@@ -162,6 +165,22 @@ def work_again(trace: Path, t_fault: float) -> float | None:
         last_start[unit] = max(t, last_start.get(unit, 0.0))
     after = [t for unit, t in commits if t > t_fault and last_start.get(unit, 0.0) > t_fault]
     return min(after) - t_fault if after else None
+
+
+def longest_stall(trace: Path, t_fault: float) -> float | None:
+    """The longest time after the fault with no unit starting anywhere.
+
+    Ignores how fast the first unit came back: a task dispatched a moment
+    after the fault can still start while the real stall (every task waiting
+    on a lost node) comes later, as a network cut shows.
+    """
+    starts = sorted(t for _, t, _ in _parse_trace(trace)[0])
+    before = [t for t in starts if t <= t_fault]
+    after = [t for t in starts if t > t_fault]
+    if not after:
+        return None
+    points = ([before[-1]] if before else []) + after
+    return max(b - a for a, b in zip(points, points[1:])) if len(points) > 1 else after[0] - t_fault
 
 
 def _session_status(ctx: Ctx) -> dict | None:
@@ -382,6 +401,7 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
         res.redone = len(starts) - len({u for u, _, _ in starts})
         if ctx.t_fault is not None:
             res.work_again = work_again(trace, ctx.t_fault)
+            res.stall = longest_stall(trace, ctx.t_fault)
             if sampler.rejoined_at is not None:
                 res.rejoined = sampler.rejoined_at - ctx.t_fault
             elif sampler.dropped:

@@ -22,12 +22,12 @@ def render_table(results: Sequence, *, command: str, minutes: float) -> str:
         f"({len(results)} scenarios, {minutes:.1f} min on the lab). Payload: units of 0.5 s (120, or as "
         "many as the walltime scenarios need to outlive the head), each committed outside Ray; a separate "
         "CPU head and two 2-CPU workers (gpu-a, gpu-b). *work again*: fault → first commit of a unit started "
-        "after it; *rejoined*: fault → every worker node JOINED to the current head again (*no drop*: the "
+        "after it; *longest stall*: the longest time after the fault in which no unit started anywhere; *rejoined*: fault → every worker node JOINED to the current head again (*no drop*: the "
         "session never saw a node leave); *redone*: units computed twice, committed once.",
         "",
-        "| scenario | fault | → work again | → all rejoined | redone | lost | once | jobs left | procs left "
-        "| status during the fault | holds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | fault | → work again | longest stall | → all rejoined | redone | lost | once | jobs left "
+        "| procs left | status during the fault | holds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         once = "✓" if not r.duplicates and (r.finished and not r.lost) else "✗"
@@ -37,7 +37,8 @@ def render_table(results: Sequence, *, command: str, minutes: float) -> str:
         if getattr(r, "agent_excerpt", ""):
             excerpt += f"; `elastic-agent status` on {r.agent_excerpt}".replace("|", "/")
         lines.append(
-            f"| {r.name} | {r.title} | {_secs(r.work_again)} | {_secs(r.rejoined, r.rejoin_note)} | {r.redone} "
+            f"| {r.name} | {r.title} | {_secs(r.work_again)} | {_secs(r.stall)} | {_secs(r.rejoined, r.rejoin_note)} "
+            f"| {r.redone} "
             f"| {r.lost} | {once} | {len(r.jobs_left)} | {len(r.procs_left)} | {excerpt} "
             f"| {'✓' if r.ok else '✗'} |")
     failed = [r for r in results if not r.ok]
