@@ -490,8 +490,9 @@ def _teardown_and_check(session: Session, ctx: Ctx | None, res: Result) -> None:
         res.failures.append(f"jobs left after teardown: {res.jobs_left}")
         subprocess.run(["scancel", *sorted(ids)], check=False, capture_output=True, timeout=30)
     # Nodes: no agent, Ray or driver process of the session's jobs.
-    if not _wait(lambda: not lab_ops.session_processes(ids), timeout=60, step=1.0):
-        left = lab_ops.session_processes(ids)
+    since = ctx.t_start if ctx else 0.0
+    if not _wait(lambda: not lab_ops.session_processes(ids, since), timeout=60, step=1.0):
+        left = lab_ops.session_processes(ids, since)
         res.procs_left = [f"{p.kind}@{p.node} pid {p.pid} job {p.job}" for p in left]
         res.failures.append(f"processes left after teardown: {res.procs_left}")
         for p in left:  # ours by job id: end them so the next scenario starts clean

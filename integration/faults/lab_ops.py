@@ -67,8 +67,24 @@ def _environ(pid: int) -> dict[str, str]:
     return out
 
 
-def session_processes(job_ids: set[str]) -> list[Proc]:
-    """Every live process (not a zombie) whose environment carries one of ``job_ids``."""
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def started_at(pid: int) -> float | None:
+    """A process's start as a Unix time (from /proc/<pid>/stat and the boot time)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines()
+                    if ln.startswith("btime "))
+    except (OSError, IndexError, StopIteration, ValueError):
+        return None
+    return boot + int(fields[19]) / _TICKS
+
+
+def session_processes(job_ids: set[str], since: float = 0.0) -> list[Proc]:
+    """Every live process (not a zombie) whose environment carries one of ``job_ids``
+    and that started at or after ``since`` (Slurm reuses job ids after the lab's
+    state is reset, so an old process can carry a new session's job id)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -80,6 +96,8 @@ def session_processes(job_ids: set[str]) -> list[Proc]:
         job = env.get("SLURM_JOB_ID")
         if not job or job not in job_ids or not labctl.pid_alive(pid):
             continue
+        if since and (started_at(pid) or 0.0) < since - 1.0:
+            continue
         try:
             argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
         except OSError:
@@ -90,9 +108,10 @@ def session_processes(job_ids: set[str]) -> list[Proc]:
     return found
 
 
-def kill_one(job_ids: set[str], kind: str, node: str | None = None, sig: int = signal.SIGKILL) -> Proc:
+def kill_one(job_ids: set[str], kind: str, node: str | None = None, sig: int = signal.SIGKILL,
+             since: float = 0.0) -> Proc:
     """SIGKILL the one process of ``kind`` (on ``node``) among the session's; fails if none."""
-    matches = [p for p in session_processes(job_ids) if p.kind == kind and (node is None or p.node == node)]
+    matches = [p for p in session_processes(job_ids, since) if p.kind == kind and (node is None or p.node == node)]
     if kind == "agent" and len(matches) > 1:
         # The agent re-execs nothing, but `elastic-agent` may sit behind a wrapper: the oldest one is the agent.
         matches.sort(key=lambda p: p.pid)

@@ -64,7 +64,7 @@ def _agent_status(ctx: Ctx, node: str, job: str) -> None:
 def kill_worker_raylet(ctx: Ctx) -> None:
     job, node = _worker_b(ctx)
     ctx.fault_now(f"kill -9 raylet of worker {job} on {node}")
-    p = lab_ops.kill_one({job}, "raylet", node)
+    p = lab_ops.kill_one({job}, "raylet", node, since=ctx.t_start)
     ctx.event(f"killed raylet pid {p.pid}")
     time.sleep(2.0)
     _agent_status(ctx, node, job)
@@ -73,7 +73,7 @@ def kill_worker_raylet(ctx: Ctx) -> None:
 def kill_worker_agent(ctx: Ctx) -> None:
     job, node = _worker_b(ctx)
     ctx.fault_now(f"kill -9 agent of worker {job} on {node}")
-    p = lab_ops.kill_one({job}, "agent", node)
+    p = lab_ops.kill_one({job}, "agent", node, since=ctx.t_start)
     ctx.event(f"killed agent pid {p.pid}")
     time.sleep(3.0)
     _agent_status(ctx, node, job)
@@ -81,13 +81,13 @@ def kill_worker_agent(ctx: Ctx) -> None:
 
 def kill_head_agent(ctx: Ctx) -> None:
     ctx.fault_now(f"kill -9 agent of head {ctx.head_job}")
-    p = lab_ops.kill_one({ctx.head_job}, "agent")
+    p = lab_ops.kill_one({ctx.head_job}, "agent", since=ctx.t_start)
     ctx.event(f"killed head agent pid {p.pid} on {p.node}")
 
 
 def kill_head_gcs(ctx: Ctx) -> None:
     ctx.fault_now(f"kill -9 gcs_server of head {ctx.head_job}")
-    p = lab_ops.kill_one({ctx.head_job}, "gcs")
+    p = lab_ops.kill_one({ctx.head_job}, "gcs", since=ctx.t_start)
     ctx.event(f"killed gcs_server pid {p.pid} on {p.node}")
 
 
@@ -103,7 +103,7 @@ def kill_worker_slurmd(ctx: Ctx) -> None:
         time.sleep(1.0)
     ctx.event(f"Slurm says {node} is {lab_ops.node_states().get(node)}")
     time.sleep(15.0)  # the agent's turn to notice that its job does not run there any more
-    procs = [p for p in lab_ops.session_processes({job}) if p.node == node]
+    procs = [p for p in lab_ops.session_processes({job}, ctx.t_start) if p.node == node]
     ctx.event(f"processes of job {job} still on {node}: {[f'{p.kind}:{p.pid}' for p in procs]}")
     lab_ops.repair_lab()
     ctx.event(f"slurmd restarted on {node}")
