@@ -41,3 +41,17 @@ def test_the_table_replaces_only_its_own_block():
     assert once.startswith(doc.rstrip("\n")) and BEGIN in once and END in once
     twice = replace_block(once, table.replace("1.0 s", "3.0 s"))
     assert twice.count(BEGIN) == 1 and "3.0 s" in twice and "kept" in twice
+
+
+def test_the_status_line_shows_what_session_status_shows_not_the_agents_last_word():
+    from integration.faults.harness import status_line
+
+    status = {"head": {"job_id": "21", "heartbeat": "live"}, "jobs": [
+        {"role": "worker", "job_id": "23", "state": "FAILED", "reason": "NonZeroExitCode",
+         "nodes": [{"node": "gpub-1", "agent_state": "JOINED", "node_state": "ENDED"}]},
+        {"role": "worker", "job_id": "24", "state": "RUNNING", "reason": "None",
+         "nodes": [{"node": "gpub-1", "agent_state": "STARTING", "node_state": "STARTING"}]},
+    ]}
+    line = status_line(status)
+    assert "worker 23 FAILED (NonZeroExitCode) [gpub-1:ENDED (agent said JOINED)]" in line
+    assert "worker 24 RUNNING [gpub-1:STARTING]" in line

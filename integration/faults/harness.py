@@ -209,12 +209,18 @@ def joined_on_ended(status: dict) -> list[str]:
     return bad
 
 
+def _shown(node: dict) -> str:
+    """A node as `session status` shows it: its derived state, and the agent's own word when they differ."""
+    shown, agent = node.get("node_state") or node.get("agent_state"), node.get("agent_state")
+    return shown if shown == agent or agent is None else f"{shown} (agent said {agent})"
+
+
 def status_line(status: dict | None) -> str:
     if not status:
         return "no status"
     parts = [f"head {status['head']['job_id']} {status['head']['heartbeat']}"]
     for row in status.get("jobs", []):
-        nodes = ",".join(f"{n['node']}:{n.get('state') or n.get('agent_state')}" for n in row.get("nodes", []))
+        nodes = ",".join(f"{n['node']}:{_shown(n)}" for n in row.get("nodes", []))
         reason = f" ({row['reason']})" if row.get("reason") and row["reason"] != "None" else ""
         parts.append(f"{row['role']} {row['job_id']} {row['state']}{reason} [{nodes}]")
     return "; ".join(parts)
