@@ -38,6 +38,7 @@ from typing import Any, Callable
 from elastic_ray import Session, SlurmAllocationEnded, SlurmRunAllocationConfig, SlurmStepDrained
 from elastic_ray import SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
+from elastic_ray.polling import wait_for
 from elastic_ray.protocol.records import AgentState
 
 from . import lab_ops
@@ -328,12 +329,8 @@ def _seed_loop(ctx: Ctx, argv: list[str], env: dict[str, str], deadline: float, 
 
 
 def _wait(pred: Callable[[], bool], timeout: float, step: float = 0.5) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(step)
-    return pred()
+    """True once ``pred`` holds, False when ``timeout`` passed (the project's one polling loop)."""
+    return bool(wait_for(pred, timeout=timeout, interval=step, raising=False))
 
 
 def run_scenario(sc: Scenario, base: Path) -> Result:

@@ -61,22 +61,22 @@ def _agent_status(ctx: Ctx, node: str, job: str) -> None:
 
 
 # ------------------------------------------------------------ family 1: processes
-def kill_worker_raylet(ctx: Ctx) -> None:
+def _kill_on_worker(ctx: Ctx, kind: str, settle: float) -> None:
+    """kill -9 the worker's ``kind`` process, then ask its node's agent status ``settle`` s later."""
     job, node = _worker_b(ctx)
-    ctx.fault_now(f"kill -9 raylet of worker {job} on {node}")
-    p = lab_ops.kill_one({job}, "raylet", node, since=ctx.t_start)
-    ctx.event(f"killed raylet pid {p.pid}")
-    time.sleep(2.0)
+    ctx.fault_now(f"kill -9 {kind} of worker {job} on {node}")
+    p = lab_ops.kill_one({job}, kind, node, since=ctx.t_start)
+    ctx.event(f"killed {kind} pid {p.pid}")
+    time.sleep(settle)
     _agent_status(ctx, node, job)
+
+
+def kill_worker_raylet(ctx: Ctx) -> None:
+    _kill_on_worker(ctx, "raylet", 2.0)
 
 
 def kill_worker_agent(ctx: Ctx) -> None:
-    job, node = _worker_b(ctx)
-    ctx.fault_now(f"kill -9 agent of worker {job} on {node}")
-    p = lab_ops.kill_one({job}, "agent", node, since=ctx.t_start)
-    ctx.event(f"killed agent pid {p.pid}")
-    time.sleep(3.0)
-    _agent_status(ctx, node, job)
+    _kill_on_worker(ctx, "agent", 3.0)
 
 
 def kill_head_agent(ctx: Ctx) -> None:
