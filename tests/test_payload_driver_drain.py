@@ -62,7 +62,7 @@ class FakeSession:
     def head_pointer(self) -> str:
         return "2" if self.move_at_once or self.termed.exists() else "1"
 
-    def job_info(self, job_id: str, unreachable_ok: bool = False) -> JobInfo:
+    def job_info(self, job_id: str, unreachable_ok: bool = False, max_age: float = 0.0) -> JobInfo:
         # Head "1" is in head_state by the time the driver got its SIGTERM.
         ending = job_id == "1" and self.termed.exists()
         return JobInfo(job_id=job_id, name=self.job_name, state=self.head_state if ending else JobState.RUNNING)
