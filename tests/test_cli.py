@@ -446,6 +446,19 @@ def test_status_json_parses(sleepy):
     assert status["active_jobs"] == 2
 
 
+def test_status_again_within_max_age_takes_the_shared_answer_and_says_its_age(sleepy):
+    scheduler, path = sleepy["scheduler"], str(sleepy["dir"].path)
+    before = scheduler.calls["query"]
+    first = _run(sleepy, "status", path, "--json")
+    again = _run(sleepy, "status", path, "--json", "--max-age", "3600")
+    assert scheduler.calls["query"] - before == 1          # the second shell asked nobody
+    assert json.loads(again.stdout)["jobs"] == json.loads(first.stdout)["jobs"]
+    assert 0 <= json.loads(again.stdout)["scheduler_answer_age"] < 3600
+    table = _run(sleepy, "status", path, "--max-age", "0")
+    assert scheduler.calls["query"] - before == 2          # --max-age 0 asks
+    assert "scheduler answer: 0." in table.output
+
+
 def test_status_reads_published_node_states_and_a_damaged_one_is_unknown(sleepy):
     directory, scheduler = sleepy["dir"], sleepy["scheduler"]
     jobs = scheduler.query(sleepy["job_name"], [sleepy["head"], sleepy["worker"]])

@@ -53,7 +53,7 @@ class _QueuedSuccessor:
         self.claim_period = period
         self.job_name = "er-test"
 
-    def job_info(self, job_id: str, unreachable_ok: bool = False) -> JobInfo:
+    def job_info(self, job_id: str, unreachable_ok: bool = False, max_age: float = 0.0) -> JobInfo:
         return JobInfo(job_id=job_id, name=self.job_name, state=JobState.PENDING)
 
 

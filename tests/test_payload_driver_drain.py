@@ -62,7 +62,7 @@ class FakeSession:
     def head_pointer(self) -> str:
         return "2" if self.move_at_once or self.termed.exists() else "1"
 
-    def job_info(self, job_id: str, unreachable_ok: bool = False) -> JobInfo:
+    def job_info(self, job_id: str, unreachable_ok: bool = False, max_age: float = 0.0) -> JobInfo:
         # Head "1" is in head_state by the time the driver got its SIGTERM.
         ending = job_id == "1" and self.termed.exists()
         return JobInfo(job_id=job_id, name=self.job_name, state=self.head_state if ending else JobState.RUNNING)
@@ -122,3 +122,28 @@ def test_a_driver_whose_head_moved_without_a_drain_sees_its_head_replaced(tmp_pa
     assert type(ended.value) is SlurmAllocationEnded, "not a drain"
     assert ended.value.allocation_state == "REPLACED" and ended.value.job_id == "1"
     assert run.proc.poll() is not None, "the driver was stopped"
+
+
+class SharedAnswerSession(FakeSession):
+    """The shared answer (any ``max_age`` > 0) still says the head runs; asked
+    afresh, the scheduler says its job was cancelled meanwhile."""
+
+    def __init__(self, tmp_path: Path):
+        super().__init__(tmp_path, draining=False)
+        self.ages: list[float] = []
+
+    def job_info(self, job_id: str, unreachable_ok: bool = False, max_age: float = 0.0) -> JobInfo:
+        self.ages.append(max_age)
+        return JobInfo(job_id=job_id, name=self.job_name,
+                       state=JobState.RUNNING if max_age > 0 else JobState.CANCELLED)
+
+
+def test_a_running_driver_watches_the_shared_answer_and_its_exit_is_judged_on_a_fresh_one(tmp_path):
+    session = SharedAnswerSession(tmp_path)
+    run = PayloadRun(session, SimpleNamespace(job_id="1", address="127.0.0.1:1"),
+                     [sys.executable, "-c", "import time, sys; time.sleep(1.5); sys.exit(1)"])
+    with pytest.raises(SlurmAllocationEnded) as ended:
+        run.wait(timeout=30)
+    assert type(ended.value) is SlurmAllocationEnded and ended.value.allocation_state == "CANCELLED"
+    assert session.ages[0] == 10.0, "while it runs, an answer up to 10 s old will do"
+    assert session.ages[-1] == 0.0, "its exit is judged on a fresh answer"

@@ -26,6 +26,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from ..coordinator.pacing import STATUS_MAX_AGE, watch_max_age
 from ..coordinator.session import Session
 from ..errors import ElasticRayError, TeardownIncomplete
 from ..polling import wait_for
@@ -55,11 +56,15 @@ def open_session(path: Path, scheduler: Scheduler | None) -> Session:
     return Session.open(path, scheduler, supervise=False)
 
 
-def collect_status(session: Session, heartbeat_wait: float = HEARTBEAT_WAIT) -> dict[str, Any]:
-    """Read the session and ask the scheduler ONCE about all of its jobs."""
+def collect_status(session: Session, heartbeat_wait: float = HEARTBEAT_WAIT,
+                   max_age: float = 0.0) -> dict[str, Any]:
+    """Read the session and ask the scheduler ONCE about all of its jobs, or
+    take the session's shared answer if it is at most ``max_age`` s old: a
+    ``status`` every second from many shells must not load the controller."""
     record = session.record()
     extra = [*record.predecessors, *([record.successor] if record.successor else [])]
-    jobs = session.query(extra=extra)
+    jobs = session.query(extra=extra, max_age=max_age)
+    answer = session.jobs.last_answer
     # The query may have recorded a failed worker allocation (and its replacement): show the record after it.
     record = session.record()
     nodes = {job: session.node_states(job) for job in sorted(set(jobs) | set(record.workers)
@@ -74,8 +79,11 @@ def collect_status(session: Session, heartbeat_wait: float = HEARTBEAT_WAIT) -> 
             observation = session.observe_head(wait=heartbeat_wait)
         except (ElasticRayError, OSError):
             observation = None  # shown as "unknown"; the rest of the status still stands
-    return build_status(path=session.path, info=session.info, record=record, jobs=jobs, nodes=nodes,
-                        pointer=pointer, endpoint=endpoint, observation=observation, now=time.time())
+    now = time.time()
+    status = build_status(path=session.path, info=session.info, record=record, jobs=jobs, nodes=nodes,
+                          pointer=pointer, endpoint=endpoint, observation=observation, now=now)
+    status["scheduler_answer_age"] = None if answer is None else round(max(0.0, answer.age(now)), 1)
+    return status
 
 
 # =============================================================== effects: output and errors
@@ -163,23 +171,28 @@ def session_group() -> None:
 @session_group.command("status")
 @_DIR
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--max-age", type=click.FloatRange(min=0), default=STATUS_MAX_AGE, show_default=True,
+              help="Accept the session's shared scheduler answer up to this many seconds old (0: ask Slurm).")
 @click.pass_context
 @failures_as_click
-def status_cmd(ctx: click.Context, directory: Path, as_json: bool) -> None:
+def status_cmd(ctx: click.Context, directory: Path, as_json: bool, max_age: float) -> None:
     """The head and every worker allocation: Slurm state, nodes, Ray node ids,
     time left, drain state, and whether the head's heartbeat is live.
 
-    Asks the scheduler once, however many allocations the session has.
+    Asks the scheduler once, however many allocations the session has, and
+    not at all when another process of the session asked within ``--max-age``.
     """
     session = _session_path(ctx, directory)
     try:
-        status = collect_status(session)
+        status = collect_status(session, max_age=watch_max_age(max_age))
     finally:
         session.close()
     if as_json:
         click.echo(json.dumps(status, indent=2, sort_keys=True))
     else:
         _out().print(render_status(status))
+        if status["scheduler_answer_age"] is not None:
+            _err().print(f"scheduler answer: {status['scheduler_answer_age']:.1f} s old")
 
 
 def _ray_resources_callback(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, float]:

@@ -9,6 +9,11 @@ A driver is launched as a step of the head allocation (``srun --jobid=<head>
   is the job's final state, or ``REPLACED``), even when the step reported an
   exit code first, because an exit caused by a lost head is not the
   program's own verdict;
+* the ``ray_head`` pointer and the heartbeat are read every half second;
+  Slurm is looked at every few seconds through the session's shared answer
+  (at most ``WATCH_MAX_AGE`` old, so the drivers and waits of a run cost
+  one query per that period together), and asked afresh once the driver
+  exited, so its exit is judged on the truth;
 * Slurm does not answer for a while (slurmctld restarting): the driver keeps
   running on the head's heartbeat and the ``ray_head`` pointer, and asks
   again at the next check; a lost head is still noticed from its silence
@@ -35,6 +40,7 @@ from ..errors import ElasticRayError, SlurmAllocationEnded, SlurmStepDrained
 from ..polling import wait_for
 from ..ray_auth import apply_auth_env
 from ..scheduler.base import JobState
+from .pacing import watch_max_age
 from .ports import DriverSession, HeadRef
 
 log = logging.getLogger("elastic_ray.coordinator")
@@ -159,12 +165,17 @@ class PayloadRun:
                 pass
             self.proc.wait()
 
-    def _head_gone(self) -> str | None:
-        """The reason the head is no longer this driver's, or None."""
+    def _moved(self) -> str | None:
+        """"REPLACED" once ``ray_head`` names another head (a file read, no scheduler)."""
         pointer = self.session.head_pointer()
-        if pointer is not None and pointer != self.head.job_id:
-            return "REPLACED"
-        info = self.session.job_info(self.head.job_id, unreachable_ok=True)
+        return "REPLACED" if pointer is not None and pointer != self.head.job_id else None
+
+    def _head_gone(self, max_age: float = 0.0) -> str | None:
+        """The reason the head is no longer this driver's, or None; the
+        scheduler's answer may be ``max_age`` s old (the shared one)."""
+        if (moved := self._moved()) is not None:
+            return moved
+        info = self.session.job_info(self.head.job_id, unreachable_ok=True, max_age=max_age)
         if info is not None and (info.state.is_final or info.state.value == "COMPLETING"):
             return info.state.value
         return None
@@ -191,16 +202,18 @@ class PayloadRun:
                 self._drained = True
                 log.info("event=driver_signalled session=%s head=%s reason=pre_walltime_signal",
                          self.session.job_name, self.head.job_id)
-            if rc is not None or now >= next_scheduler_check:
+            gone = self._moved()
+            if gone is None and (rc is not None or now >= next_scheduler_check):
                 next_scheduler_check = now + SCHEDULER_CHECK_INTERVAL
-                gone = self._head_gone()
-                if gone is not None:
-                    self._stop()
-                    if self._drained and self._handed_over(gone):
-                        raise self._step_drained(rc, gone)
-                    raise SlurmAllocationEnded(
-                        f"the head allocation {self.head.job_id} of this driver is {gone}; "
-                        f"call replace_head() and launch again", allocation_state=gone, job_id=self.head.job_id)
+                # An exit is judged on a fresh answer; a running driver's watch takes the shared one.
+                gone = self._head_gone(0.0 if rc is not None else watch_max_age())
+            if gone is not None:
+                self._stop()
+                if self._drained and self._handed_over(gone):
+                    raise self._step_drained(rc, gone)
+                raise SlurmAllocationEnded(
+                    f"the head allocation {self.head.job_id} of this driver is {gone}; "
+                    f"call replace_head() and launch again", allocation_state=gone, job_id=self.head.job_id)
             if not self._drained:
                 obs = self.session.observe_head()
                 if obs.job == self.head.job_id and obs.draining:

@@ -29,6 +29,7 @@ from ..protocol import allocation_repair
 from ..protocol.session_dir import SessionDir
 from ..scheduler.base import JobInfo, JobSpec, Scheduler, current_user
 from . import ownership
+from .answers import SchedulerAnswer, SharedAnswers, sharing_enabled
 
 log = logging.getLogger("elastic_ray.coordinator")
 
@@ -52,6 +53,10 @@ class SessionJobs:
         # each state change without a query of their own. Must return at once.
         self.observers: list[Callable[[dict[str, JobInfo]], None]] = []
         self._unreachable_logged = -UNREACHABLE_LOG_EVERY
+        # The session's last answer, shared with its other processes (.answers).
+        self.shared = SharedAnswers(directory.path)
+        #: the answer behind the last listing of this process (its age is shown by status)
+        self.last_answer: SchedulerAnswer | None = None
 
     @property
     def user(self) -> str:
@@ -60,17 +65,53 @@ class SessionJobs:
         return self.info.user or getattr(self.scheduler, "user", "") or current_user()
 
     # ------------------------------------------------------------ observe
-    def listing(self, ids: Iterable[str]) -> dict[str, JobInfo]:
-        """ONE scheduler query: the session's name, its user, plus ``ids``."""
-        listed = self.scheduler.query(self.info.job_name, sorted(set(ids), key=int), user=self.user)
+    def listing(self, ids: Iterable[str], max_age: float = 0.0) -> dict[str, JobInfo]:
+        """ONE scheduler query: the session's name, its user, plus ``ids``.
+
+        With ``max_age`` > 0 (watchers: waits, drivers, status) the session's
+        shared answer is taken instead when it is at most that old and covers
+        ``ids``; else one process of the session asks, for every recorded id,
+        so its answer serves the others too (see :mod:`.answers`). Every
+        answer this process gets from the scheduler is stored there.
+        """
+        return self._listing(ids, max_age)[0]
+
+    def _listing(self, ids: Iterable[str], max_age: float) -> tuple[dict[str, JobInfo], bool]:
+        """The listing and whether this call asked the scheduler itself."""
+        wanted = frozenset(ids)
+        if max_age <= 0 or not sharing_enabled():
+            return self._ask(wanted), True
+        answer, asked = self.shared.get(self.info.job_name, self.user, wanted, max_age,
+                                        lambda: self._ask_answer(wanted | self._recorded_ids()))
+        self.last_answer = answer
+        return dict(answer.jobs), asked
+
+    def _recorded_ids(self) -> frozenset[str]:
+        try:
+            rec = self.dir.read_allocation()
+        except (SessionDirError, OSError):
+            return frozenset()
+        return frozenset(rec.workers) | ({rec.head_job} if rec.head_job else frozenset())
+
+    def _ask(self, ids: frozenset[str]) -> dict[str, JobInfo]:
+        return dict(self._ask_answer(ids).jobs)
+
+    def _ask_answer(self, ids: frozenset[str]) -> SchedulerAnswer:
+        """Ask the scheduler (the only place that does), store the answer, tell the observers."""
+        asked_at = time.time()
+        listed = self.scheduler.query(self.info.job_name, sorted(ids, key=int), user=self.user)
+        answer = SchedulerAnswer(job_name=self.info.job_name, user=self.user, asked_at=asked_at, ids=ids,
+                                 jobs=MappingProxyType(dict(listed)))
+        self.last_answer = answer
+        self.shared.write(answer)
         for observe in self.observers:
             try:
                 observe(listed)
             except Exception:   # an observer must never break a query
                 log.exception("event=observer_failed session=%s", self.info.job_name)
-        return listed
+        return answer
 
-    def known(self, job_id: str) -> JobInfo | None:
+    def known(self, job_id: str, max_age: float = 0.0) -> JobInfo | None:
         """One job's state, or None while the scheduler does not answer.
 
         For the watchers (payload drivers, waits): slurmctld restarting or
@@ -78,7 +119,7 @@ class SessionJobs:
         The failure is logged at most once per ``UNREACHABLE_LOG_EVERY``.
         """
         try:
-            return self.listing([job_id]).get(job_id)
+            return self.listing([job_id], max_age).get(job_id)
         except SchedulerError as exc:
             now = time.monotonic()
             if now - self._unreachable_logged >= UNREACHABLE_LOG_EVERY:
@@ -87,12 +128,17 @@ class SessionJobs:
                             self.info.job_name, job_id, exc)
             return None
 
-    def query(self, rec: AllocationRecord, extra: Iterable[str] = ()) -> dict[str, JobInfo]:
-        """The session's jobs (one query), after settling any stray it shows."""
+    def query(self, rec: AllocationRecord, extra: Iterable[str] = (), max_age: float = 0.0) -> dict[str, JobInfo]:
+        """The session's jobs (one query), after settling any stray it shows.
+
+        Strays are settled on answers this call asked for only, never on a
+        shared one that may be seconds old (the supervisor asks afresh every
+        30 s, so a stray is not missed for long)."""
         extra = set(extra)
         ids = set(rec.workers) | extra | ({rec.head_job} if rec.head_job else set())
-        listed = self.listing(ids)
-        self.settle(rec, listed)
+        listed, asked = self._listing(ids, max_age)
+        if asked:
+            self.settle(rec, listed)
         return ownership.session_jobs(listed, rec.recorded_jobs | extra)
 
     def settle(self, rec: AllocationRecord, listed: dict[str, JobInfo]) -> ownership.Reconciliation:
@@ -109,6 +155,7 @@ class SessionJobs:
             try:
                 self.scheduler.cancel_jobs(cancel, user=self.user)
                 self._cancelled.update(cancel)
+                self.shared.forget()
             except SchedulerError as exc:
                 log.warning("event=stray_cancel_failed session=%s jobs=%s error=%s", self.info.job_name,
                             ",".join(cancel), exc)
@@ -130,6 +177,7 @@ class SessionJobs:
         self.dir.update_allocation(lambda r: r.with_intent(intent))
         try:
             job_id = self.scheduler.submit(replace(spec, comment=marker))
+            self.shared.forget()
         except SchedulerError as exc:
             job_id = self._recover(marker, exc)
         except (ConfigError, ValueError):
@@ -208,6 +256,7 @@ class SessionJobs:
         cannot keep the others running."""
         if not targets:
             return ()
+        self.shared.forget()
         try:
             self.scheduler.cancel_jobs(targets, user=self.user)
             return targets

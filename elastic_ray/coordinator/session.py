@@ -43,6 +43,7 @@ from .drivers import PayloadRun
 from .failover import CONTROL_TIMEOUT, HEAD_START_GRACE, Failover
 from .jobs import RecordAs, SessionJobs
 from .lost_nodes import LostNodeReporter
+from .pacing import SchedulerLooks
 from .handles import Head, WorkerAllocation, log_tail
 from .headwatch import HeadObservation, HeadWatch
 from .supervise import HeadSupervisor
@@ -189,12 +190,12 @@ class Session:
     def head_config(self) -> SlurmRunAllocationConfig:
         return SlurmRunAllocationConfig.from_dict(self.info.head)
 
-    def query(self, extra: list[str] | None = None) -> dict[str, JobInfo]:
+    def query(self, extra: list[str] | None = None, max_age: float = 0.0) -> dict[str, JobInfo]:
         """Every job of the session (the recorded ids and ``extra``) in one
         scheduler call; a stray it shows is cancelled (see :mod:`.ownership`),
-        a worker allocation that ended unasked is recorded (see :mod:`.failures`)."""
+        a worker allocation that ended unasked is recorded (see :mod:`.failures`); ``max_age`` > 0 accepts the shared answer (:mod:`.answers`)."""
         rec = self.record()
-        self.failure_watch.observe(rec, jobs := self.jobs.query(rec, extra or ()))
+        self.failure_watch.observe(rec, jobs := self.jobs.query(rec, extra or (), max_age))
         return jobs
 
     def allocation_failures(self, refresh: bool = True) -> list[failures.AllocationFailure]:
@@ -204,10 +205,10 @@ class Session:
             self.query()
         return failures.failures_of(self.record())
 
-    def job_info(self, job_id: str, unreachable_ok: bool = False) -> JobInfo | None:
-        """One job's state, in one scheduler call (None if it was not reported);
-        with ``unreachable_ok`` a scheduler that does not answer is None too (see ``SessionJobs.known``)."""
-        return self.jobs.known(job_id) if unreachable_ok else self.jobs.listing([job_id]).get(job_id)
+    def job_info(self, job_id: str, unreachable_ok: bool = False, max_age: float = 0.0) -> JobInfo | None:
+        """One job's state, in one scheduler call (None if it was not reported); with ``unreachable_ok``
+        a scheduler that does not answer is None too (see ``SessionJobs.known``); ``max_age`` as in ``query``."""
+        return self.jobs.known(job_id, max_age) if unreachable_ok else self.jobs.listing([job_id], max_age).get(job_id)
 
     def head_pointer(self) -> str | None:
         """The job ``ray_head`` names now: the head every agent follows."""
@@ -258,8 +259,9 @@ class Session:
         return job_id
 
     def wait_for_head(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> str:
-        """Wait until the current head has published its endpoint; returns its address."""
+        """Wait until the current head has published its endpoint; returns its address (Slurm: ``SchedulerLooks``)."""
         head: str | None = None
+        looks = SchedulerLooks(self.jobs.known)
 
         def address() -> str | None:
             nonlocal head
@@ -268,7 +270,7 @@ class Session:
                 endpoint = self.dir.read_head_endpoint(head)
                 if endpoint is not None:
                     return endpoint.address
-                info = self.job_info(head, unreachable_ok=True)
+                info = looks.info(head)
                 if info is not None and info.state.is_final:
                     raise AllocationFailed(f"head job {head} ended {info.state.value} before it was ready; "
                                            f"{log_tail(self.dir.log_dir, head, 'head')}", state=info.state.value, job_id=head)
@@ -322,13 +324,13 @@ class Session:
 
     def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0,
                                    progress: Callable[[str], None] | None = None) -> dict[str, str]:
-        """Block until every node of the allocation has joined; returns {node: Ray node id}."""
+        """Block until every node of the allocation has joined; returns {node: Ray node id} (paced as ``wait_for_head``)."""
         job_id = handle.job_id if isinstance(handle, WorkerAllocation) else handle
         rec = self.record()
         if job_id not in rec.workers:
             raise ValueError(f"handle: job {job_id} is not a worker allocation of this session")
         wanted = SlurmWorkerAllocationConfig.from_dict(rec.workers[job_id].config).num_nodes or 1
-        text = ""
+        text, looks = "", SchedulerLooks(self.jobs.known)
 
         def all_joined() -> dict[str, str] | None:
             nonlocal text
@@ -337,7 +339,7 @@ class Session:
                       if s.state is AgentState.JOINED and s.node_id}
             if len(joined) >= wanted:
                 return dict(sorted(joined.items()))
-            info = self.job_info(job_id, unreachable_ok=True)
+            info = looks.info(job_id)
             if info is not None and info.state.is_final:
                 self.failure_watch.observe(self.record(), {job_id: info})
                 raise AllocationFailed(f"worker allocation {job_id} ended {info.state.value} with "
