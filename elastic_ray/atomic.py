@@ -121,11 +121,22 @@ def read_bytes_bounded(path: str | os.PathLike[str], limit: int = MAX_FILE_BYTES
         if exc.errno in (errno.ELOOP, errno.EMLINK):   # Linux says ELOOP, FreeBSD EMLINK
             raise _refuse_special(path, "is a symbolic link") from None
         raise
-    with os.fdopen(fd, "rb") as handle:
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise _refuse_special(path, f"is not a regular file (mode {stat.filemode(info.st_mode)})")
-        data = handle.read(limit + 1)
+        # Plain reads, no file object: agents read small files (ray_head)
+        # every second, and a buffered reader costs more than the read.
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, max(info.st_size + 1, 4096)))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
     if len(data) > limit:
         raise CorruptFileError(str(path), f"larger than {limit} bytes")
     return data

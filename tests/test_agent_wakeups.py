@@ -34,10 +34,25 @@ def test_periodic_work_is_done_up_to_its_slack_early_and_never_earlier():
     assert wakeups.due(11.0, 11.0)
     assert wakeups.due(10.5, 11.0, slack=0.5)
     assert not wakeups.due(10.49, 11.0, slack=0.5)
-    slack = wakeups.pointer_slack(1.0)
-    assert slack == 0.5   # pointer reads stay between half and one interval apart
-    half = wakeups.RAYLET_CHECK_SECONDS / 2
-    assert wakeups.raylet_check_due(20.0 - half, 20.0) and not wakeups.raylet_check_due(20.0 - half - 0.01, 20.0)
+    # Less than half an interval early: riding on heartbeat wakeups every
+    # 0.5 s, a read is not done at every one (which would double the reads).
+    assert wakeups.pointer_slack(1.0) == 0.25
+    quarter = wakeups.RAYLET_CHECK_SECONDS / 4
+    assert wakeups.raylet_check_due(20.0 - quarter, 20.0)
+    assert not wakeups.raylet_check_due(20.0 - quarter - 0.01, 20.0)
+
+
+def test_work_riding_on_half_second_wakeups_keeps_its_period():
+    """Simulated: wakeups every 0.5 s (heartbeats); the pointer, due every
+    1 s with its slack, is read once per second, not at every wakeup."""
+    next_read, reads = 0.0, []
+    for k in range(1, 41):
+        now = k * 0.5 + 0.003 * (k % 3)    # a little jitter
+        if wakeups.due(now, next_read, wakeups.pointer_slack(1.0)):
+            next_read = now + 1.0
+            reads.append(now)
+    gaps = [b - a for a, b in zip(reads, reads[1:])]
+    assert len(reads) in (20, 21) and all(0.75 <= g <= 1.1 for g in gaps)
 
 
 def test_a_heartbeat_every_half_second_leaves_four_beats_per_lost_after():

@@ -33,11 +33,13 @@ def due(now: float, at: float, slack: float = 0.0) -> bool:
 
 
 def pointer_slack(poll_interval: float) -> float:
-    """The ``ray_head`` pointer is read at most half an interval early: reads
-    stay between half and one interval apart, and ride on heartbeat wakeups."""
-    return poll_interval / 2
+    """The ``ray_head`` pointer is read at most a quarter interval early, so
+    it rides on a heartbeat wakeup (every half second) without being read at
+    every one: less than half an interval, or it would be read twice as often."""
+    return poll_interval / 4
 
 
 def raylet_check_due(now: float, at: float) -> bool:
-    """The raylet lookup rides on a wakeup up to half its period early."""
-    return due(now, at, RAYLET_CHECK_SECONDS / 2)
+    """The raylet lookup rides on a wakeup up to a quarter of its period early
+    (see ``pointer_slack``)."""
+    return due(now, at, RAYLET_CHECK_SECONDS / 4)
