@@ -48,8 +48,12 @@ def _naming(exc: OSError, target: Path) -> OSError:
     return OSError(exc.errno, f"{exc.strerror or exc}; {target} keeps its previous content", str(target))
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o600) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically, with permissions ``mode``.
+
+    ``durable=False`` skips the two fsyncs: still all-or-nothing against a
+    crash of the writer, but not against a power loss. Only for node-local
+    files that describe a live process (an agent's status file).
 
     On any failure (a full filesystem included) the temporary file is
     removed and ``path`` keeps its previous content; the OSError raised
@@ -66,7 +70,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o
         while view:
             written = os.write(fd, view)
             view = view[written:]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
         os.close(fd)
         fd = -1
         os.replace(tmp_name, target)
@@ -81,17 +86,18 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o
         if isinstance(exc, OSError):
             raise _naming(exc, target) from exc
         raise
-    _fsync_dir(target.parent)
+    if durable:
+        _fsync_dir(target.parent)
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str, mode: int = 0o600) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"), mode)
+def atomic_write_text(path: str | os.PathLike[str], text: str, mode: int = 0o600, *, durable: bool = True) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode, durable=durable)
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any, mode: int = 0o600) -> None:
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, mode: int = 0o600, *, durable: bool = True) -> None:
     """Write ``obj`` as pretty JSON (people read these files when debugging)."""
     text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    atomic_write_text(path, text, mode)
+    atomic_write_text(path, text, mode, durable=durable)
 
 
 def _refuse_special(path: str | os.PathLike[str], reason: str) -> CorruptFileError:
@@ -115,11 +121,22 @@ def read_bytes_bounded(path: str | os.PathLike[str], limit: int = MAX_FILE_BYTES
         if exc.errno in (errno.ELOOP, errno.EMLINK):   # Linux says ELOOP, FreeBSD EMLINK
             raise _refuse_special(path, "is a symbolic link") from None
         raise
-    with os.fdopen(fd, "rb") as handle:
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise _refuse_special(path, f"is not a regular file (mode {stat.filemode(info.st_mode)})")
-        data = handle.read(limit + 1)
+        # Plain reads, no file object: agents read small files (ray_head)
+        # every second, and a buffered reader costs more than the read.
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, max(info.st_size + 1, 4096)))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
     if len(data) > limit:
         raise CorruptFileError(str(path), f"larger than {limit} bytes")
     return data

@@ -46,6 +46,17 @@ class HeadFollower:
     def seen(self, now: float) -> HeadSeen:
         return self.watch.seen(now, self.lost_after)
 
+    def silence_at(self, now: float) -> float:
+        """When the followed head's heartbeat turns silent if no beat comes,
+        for the loop's timeout: a worker wakes at that moment instead of
+        polling for it (``inf`` when nothing is due: no beat heard yet, or
+        already silent, when the GCS probe's answer wakes the loop)."""
+        watch = self.watch
+        if self.role != "worker" or watch.last_beat is None or not watch.beat_ok:
+            return float("inf")
+        at = watch.last_beat + self.lost_after + 0.001   # silent means quiet for *more* than lost_after
+        return at if at > now else float("inf")
+
     # ------------------------------------------------------------ the pointer
     def refresh(self, now: float, hosting: Hosting) -> None:
         """Read ``ray_head``; on a new head, find its endpoint and subscribe."""

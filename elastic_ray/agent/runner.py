@@ -53,7 +53,7 @@ from ..protocol.records import AgentState, NodeState, RequestCounts, Transition
 from ..protocol.records import HostedHead as HostedHeadRecord
 from ..protocol.session_dir import SessionDir
 from ..ray_auth import apply_auth_env, launcher_warnings
-from . import join
+from . import join, wakeups
 from .following import HeadFollower
 from .hosted import HostSettings
 from .hosted_head import HostedHead
@@ -82,7 +82,7 @@ from .publishing import WRITE_RETRY_SECONDS, HeadPublishing, RetriedWrite
 from .signal_drain import DRAIN_SIGNALS, WalltimeWatch, drain_for_signal
 from .slurmd_watch import SlurmdWatch
 from .private_dirs import ensure_private_dir
-from .status import REFRESH_SECONDS, prune, status_path, write_status
+from .status import REFRESH_SECONDS, STATUS_SLACK, prune, status_path, write_status
 from .walltime import serves_head
 
 log = logging.getLogger("elastic_ray.agent")
@@ -118,7 +118,7 @@ class Agent:
         self._work: "queue.Queue[Callable[[], None] | None]" = queue.Queue()
         self._signals: list[int] = []
         self._exit_code: int | None = None
-        self._next_beat = self._next_pointer = self._next_status = 0.0
+        self._next_beat = self._next_pointer = self._next_status = self._next_raylet_check = 0.0
         self._status_soon = threading.Event()
         self._node_write = RetriedWrite("node_file", self._log)
         self.walltime = WalltimeWatch(self.info.scheduler, self.info.job_name, options.job_id,
@@ -230,10 +230,11 @@ class Agent:
                 subscribed_socket = subscribed.socket if subscribed is not None else None
                 if subscribed_socket is not None:
                     poller.register(subscribed_socket, zmq.POLLIN)
-            timeout = max(0.0, min(self._next_pointer, self._next_beat if self._beats_due() else 1e300,
-                                   self._next_status) - now)
+            beat_at = self._next_beat if self._beats_due() else wakeups.INF
+            timeout = wakeups.sleep_for(now, (self._next_pointer, beat_at, self._next_status,
+                                              self.follower.silence_at(now)))
             try:
-                ready = dict(poller.poll(timeout=min(timeout, 1.0) * 1000))
+                ready = dict(poller.poll(timeout=timeout * 1000))
             except zmq.ZMQError as exc:
                 if exc.errno == errno.EINTR:
                     ready = {}
@@ -248,7 +249,7 @@ class Agent:
                 self._drain_wake_pipe()
             self._handle_signals(now)
             self._handle_posted_events()
-            if now >= self._next_pointer:
+            if wakeups.due(now, self._next_pointer, wakeups.pointer_slack(self.o.poll_interval)):
                 self._next_pointer = now + self.o.poll_interval
                 self.follower.refresh(now, self.hosted_head.record)
             self._watch_ray(now)
@@ -261,7 +262,7 @@ class Agent:
             if self._beats_due() and now >= self._next_beat:
                 self._next_beat = now + self.o.heartbeat_interval
                 self._beat()
-            if now >= self._next_status or self._status_soon.is_set():
+            if wakeups.due(now, self._next_status, STATUS_SLACK) or self._status_soon.is_set():
                 # Cleared before the status is taken: a request that comes
                 # while it is written is served at the next turn.
                 self._status_soon.clear()
@@ -331,10 +332,11 @@ class Agent:
             if rc is not None:
                 handle.reported = True
                 self._feed(RayEnded(now, f"ray start exited with {rc}"))
-            elif handle.raylet is not None and not join.proc_alive(handle.raylet):
-                # A drained raylet exits 0 while `ray start --block` stays up.
-                handle.reported = True
-                self._feed(RayEnded(now, "the raylet ended"))
+            elif handle.raylet is not None and wakeups.raylet_check_due(now, self._next_raylet_check):
+                self._next_raylet_check = now + wakeups.RAYLET_CHECK_SECONDS
+                if not join.proc_alive(handle.raylet):  # a drained raylet exits 0 while `ray start --block` stays up
+                    handle.reported = True
+                    self._feed(RayEnded(now, "the raylet ended"))
         self.hosted_head.watch(now)
 
     # ------------------------------------------------------------ signals and posted events

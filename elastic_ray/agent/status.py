@@ -28,9 +28,13 @@ from ..errors import CorruptFileError
 from ..protocol.records import AgentState, NodeState
 from .private_dirs import ensure_private_dir, user_runtime_dir
 
-# An agent rewrites its file at least this often while it runs; a live PID
-# with an older file means the agent is stuck.
-REFRESH_SECONDS = 5.0
+# An agent rewrites its file at least this often while it runs (and at
+# every state change); a live PID with a file older than HUNG_AFTER_SECONDS
+# means the agent is stuck: three missed refreshes, not one slow disk. A
+# rewrite may come up to STATUS_SLACK early, on a wakeup the agent has
+# anyway (see agent.wakeups).
+REFRESH_SECONDS = 10.0
+STATUS_SLACK = 2.0
 HUNG_AFTER_SECONDS = 30.0
 # `status` hides agents that exited longer ago than this (--all shows them).
 RECENT_EXIT_SECONDS = 3600.0
@@ -54,9 +58,14 @@ def status_path(job_id: str, node: str, pid: int) -> Path:
 
 def write_status(path: Path, state: NodeState) -> None:
     """Replace the status file (atomic: a planted symlink or FIFO under its
-    name is replaced, never followed or opened)."""
+    name is replaced, never followed or opened).
+
+    Not fsynced: the file describes a running process on this node, so a
+    power loss that could undo the rename also ends the process it
+    describes; a rename survives any crash of the agent itself. Two fsyncs
+    every refresh were most of an idle agent's disk work."""
     ensure_private_dir(path.parent)
-    atomic_write_json(path, state.to_dict(), mode=0o600)
+    atomic_write_json(path, state.to_dict(), mode=0o600, durable=False)
 
 
 def read_status(path: Path) -> NodeState:

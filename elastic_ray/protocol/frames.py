@@ -57,7 +57,6 @@ through once more.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import hmac
 import math
@@ -290,7 +289,7 @@ class ReplayGuard:
 
 def sign(secret: bytes, envelope: bytes | memoryview) -> bytes:
     """The tag of an envelope: HMAC-SHA256 keyed by the session secret."""
-    return hmac.new(secret, envelope, hashlib.sha256).digest()
+    return hmac.digest(secret, envelope, "sha256")   # one C call: the same tag as hmac.new(...).digest()
 
 
 def _check_key(secret: bytes, session_id: str) -> None:

@@ -1,0 +1,45 @@
+"""When the agent's event loop wakes, and which periodic work rides along (pure).
+
+An idle agent must cost next to nothing (at most 0.1 % of a core, issue 11).
+Most of what it spends goes to waking up at all: a round of ``zmq`` polls,
+the checks on its Ray node (two reads in ``/proc``), the machine's tick. So
+the loop sleeps until the earliest deadline it has (never longer than
+``MAX_SLEEP``), and periodic work that is not urgent carries a *slack*: it
+is done up to that much early, on a wakeup that happens anyway (a heartbeat
+sent or received), instead of on a wakeup of its own. An idle worker then
+wakes about twice a second (the head's heartbeats), an idle head about
+twice a second (its own heartbeats).
+"""
+
+from __future__ import annotations
+
+INF = float("inf")
+#: The loop looks at its Ray node, the walltime and slurmd at least this often.
+MAX_SLEEP = 1.0
+#: How often the Ray node's raylet is looked up in ``/proc`` (``ray start``
+#: itself is a child: its exit is seen at every wakeup, at the cost of one waitpid).
+RAYLET_CHECK_SECONDS = 1.0
+
+
+def sleep_for(now: float, deadlines: tuple[float, ...]) -> float:
+    """Seconds to wait for the earliest of ``deadlines``: 0 when one has
+    passed, at most ``MAX_SLEEP``."""
+    return max(0.0, min(min(deadlines, default=INF) - now, MAX_SLEEP))
+
+
+def due(now: float, at: float, slack: float = 0.0) -> bool:
+    """Is work planned for ``at`` to be done at ``now``? Up to ``slack`` early."""
+    return now >= at - slack
+
+
+def pointer_slack(poll_interval: float) -> float:
+    """The ``ray_head`` pointer is read at most a quarter interval early, so
+    it rides on a heartbeat wakeup (every half second) without being read at
+    every one: less than half an interval, or it would be read twice as often."""
+    return poll_interval / 4
+
+
+def raylet_check_due(now: float, at: float) -> bool:
+    """The raylet lookup rides on a wakeup up to a quarter of its period early
+    (see ``pointer_slack``)."""
+    return due(now, at, RAYLET_CHECK_SECONDS / 4)

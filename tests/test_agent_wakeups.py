@@ -1,0 +1,108 @@
+"""When an idle agent's loop wakes (issue 11: at most 0.1 % of a core while
+head loss is still noticed within 2 s): the sleep to the next deadline, the
+periodic work that rides early on a wakeup, the followed head's silence as a
+deadline of its own, and the status file written without fsync."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from elastic_ray import atomic
+from elastic_ray.agent import status as st
+from elastic_ray.agent import wakeups
+from elastic_ray.agent.following import HeadFollower
+from elastic_ray.agent.head_watch import HeadWatch
+from elastic_ray.agent.options import AgentOptions
+from elastic_ray.protocol.records import HeadEndpoint
+from tests.helpers import node_state
+
+ENDPOINT = HeadEndpoint(job_id="10", host="n1", address="10.0.0.1:6379", ray_version="x", started_at=0.0,
+                        ports={"heartbeat": 1, "control": 2})
+
+
+def test_the_loop_sleeps_to_the_earliest_deadline_never_below_zero_nor_above_the_cap():
+    assert wakeups.sleep_for(100.0, (100.4, 100.9, wakeups.INF)) == pytest.approx(0.4)
+    assert wakeups.sleep_for(100.0, (99.0, 100.5)) == 0.0
+    assert wakeups.sleep_for(100.0, (wakeups.INF, 250.0)) == wakeups.MAX_SLEEP
+    assert wakeups.sleep_for(100.0, ()) == wakeups.MAX_SLEEP
+
+
+def test_periodic_work_is_done_up_to_its_slack_early_and_never_earlier():
+    assert not wakeups.due(10.0, 11.0)
+    assert wakeups.due(11.0, 11.0)
+    assert wakeups.due(10.5, 11.0, slack=0.5)
+    assert not wakeups.due(10.49, 11.0, slack=0.5)
+    # Less than half an interval early: riding on heartbeat wakeups every
+    # 0.5 s, a read is not done at every one (which would double the reads).
+    assert wakeups.pointer_slack(1.0) == 0.25
+    quarter = wakeups.RAYLET_CHECK_SECONDS / 4
+    assert wakeups.raylet_check_due(20.0 - quarter, 20.0)
+    assert not wakeups.raylet_check_due(20.0 - quarter - 0.01, 20.0)
+
+
+def test_work_riding_on_half_second_wakeups_keeps_its_period():
+    """Simulated: wakeups every 0.5 s (heartbeats); the pointer, due every
+    1 s with its slack, is read once per second, not at every wakeup."""
+    next_read, reads = 0.0, []
+    for k in range(1, 41):
+        now = k * 0.5 + 0.003 * (k % 3)    # a little jitter
+        if wakeups.due(now, next_read, wakeups.pointer_slack(1.0)):
+            next_read = now + 1.0
+            reads.append(now)
+    gaps = [b - a for a, b in zip(reads, reads[1:])]
+    assert len(reads) in (20, 21) and all(0.75 <= g <= 1.1 for g in gaps)
+
+
+def test_a_heartbeat_every_half_second_leaves_four_beats_per_lost_after():
+    """Three beats in a row may be lost before a head counts as lost; the
+    2 s of silence, not the beat, bound how soon a loss is seen."""
+    options = AgentOptions(session=".", job_id="1", role="worker", node="n", node_ip="127.0.0.1")
+    assert options.head_lost_after / options.heartbeat_interval == 4
+    assert options.head_lost_after <= 2.0
+
+
+def follower(role: str = "worker", lost_after: float = 2.0) -> HeadFollower:
+    return HeadFollower(None, b"k" * 32, "sid", None, role=role, lost_after=lost_after,  # type: ignore[arg-type]
+                        log=lambda *a, **k: None, on_loop=lambda call: None)
+
+
+def test_a_worker_wakes_when_the_followed_heads_heartbeat_turns_silent():
+    f = follower()
+    assert f.silence_at(5.0) == wakeups.INF                 # no head followed yet
+    f.watch = HeadWatch(job="10", endpoint=ENDPOINT)
+    assert f.silence_at(5.0) == wakeups.INF                 # no beat heard yet
+    f.watch.heard(10.0, True)
+    at = f.silence_at(10.5)
+    assert 12.0 < at <= 12.01
+    # At that moment the watch calls the head silent: the GCS probe is asked then.
+    assert f.watch.silent(at, 2.0) and not f.watch.silent(at - 0.01, 2.0)
+    # Once silent, nothing more to wait for here (the probe's answer wakes the loop).
+    assert f.silence_at(at + 0.1) == wakeups.INF
+    f.watch.heard(20.0, False)                               # a beat saying Ray is down: lost already
+    assert f.silence_at(20.1) == wakeups.INF
+
+
+def test_a_head_agent_follows_no_heartbeat_so_has_no_silence_to_wait_for():
+    f = follower(role="head")
+    f.watch = HeadWatch(job="10", endpoint=ENDPOINT)
+    f.watch.heard(10.0, True)
+    assert f.silence_at(10.5) == wakeups.INF
+
+
+def test_the_status_file_is_replaced_without_fsync_and_session_files_still_are_synced(tmp_path, monkeypatch):
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    path = tmp_path / "run" / "5.cpu-1.1.json"
+    state = node_state("5")
+    st.write_status(path, state)
+    assert synced == [] and st.read_status(path) == state
+    atomic.atomic_write_json(tmp_path / "session.json", {"a": 1})
+    assert len(synced) == 2   # the file, then its directory
+
+
+def test_a_status_refresh_is_well_inside_the_hung_judgement():
+    assert st.REFRESH_SECONDS * 3 <= st.HUNG_AFTER_SECONDS   # three missed refreshes before "hung"
+    assert st.STATUS_SLACK < st.REFRESH_SECONDS
