@@ -15,6 +15,23 @@ and root. Run it as
 (c) An idle agent's own process (not Ray): RSS and CPU over ``--idle`` s.
 (d) ``remove_worker_allocation(wait=True)`` of an idle worker: wall time,
     measured after every (b) run.
+(e) Session start: ``Session.create`` -> the head's endpoint published
+    (``--session-runs``, alternating with the floor: a bare ``sbatch`` of
+    ``ray start --head --block`` on the same partition until its GCS lists
+    the head node ALIVE).
+
+Phases of (a) and (b), read once the node is ALIVE from the processes of the
+job (every lab node shares the host's PID namespace; start times from
+/proc/<pid>/stat against a boot time taken from /proc/uptime, so 10 ms
+resolution): sbatch -> the batch script started (its shell, which ``exec``s
+``srun``); -> the step's first process (ours: the agent; floor: ``ray
+start``); -> ``ray start`` launched (ours only: the agent's import and start);
+-> the raylet process started (``ray start``'s own import and set-up); ->
+ALIVE seen (registration with the GCS, plus at most 0.1 s of polling).
+
+``--busy`` runs one CPU burner (a ``python`` busy loop started and ended by
+this bench, by PID) for the whole run, so one of the box's two cores is taken:
+the figures then say how the join fares on a loaded machine.
 
 ALIVE is seen by polling the GCS node table every 0.1 s from this process,
 with the same GcsClient calls and record parsing as the agent's GCS probe
@@ -104,6 +121,57 @@ def _one_state(session: Session, job: str) -> dict:
     return state.to_dict() if state is not None else {}
 
 
+_BOOT = time.time() - float(Path("/proc/uptime").read_text().split()[0])
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _started(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return _BOOT + int(fields[19]) / _TICK
+
+
+def job_processes(job: str) -> list[tuple[float, str]]:
+    """(start time, argv) of every live process whose environment says SLURM_JOB_ID=job."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+            if f"SLURM_JOB_ID={job}".encode() not in env.split(b"\0"):
+                continue
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        t = _started(int(entry))
+        if t is not None:
+            found.append((t, " ".join(a for a in argv if a)))
+    return sorted(found)
+
+
+def phases_of(job: str, t0: float, alive_at: float) -> dict:
+    """The join's phases (see the module docstring) from the job's live processes."""
+    procs = job_processes(job)
+    first = lambda pred: next((t for t, cmd in procs if pred(cmd)), None)  # noqa: E731
+    batch = first(lambda c: c.split(" ", 1)[0].endswith("srun"))
+    agent = first(lambda c: "elastic_ray.agent" in c)
+    ray_start = first(lambda c: "/ray start" in c or c.split(" ")[1:2] == ["start"] and "ray" in c.split(" ")[0])
+    raylet = first(lambda c: c.split(" ", 1)[0].endswith("/raylet"))
+    step = agent if agent is not None else ray_start
+    out = {"batch": None, "step": None, "agent": None, "ray_cli": None, "register": None}
+    if None in (batch, step, ray_start, raylet):
+        return out
+    out["batch"] = batch - t0
+    out["step"] = step - batch
+    out["agent"] = (ray_start - agent) if agent is not None else None
+    out["ray_cli"] = raylet - ray_start
+    out["register"] = alive_at - raylet
+    return out
+
+
 def slurm(*argv: str) -> str:
     return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
 
@@ -121,14 +189,16 @@ def floor_run(session: Session, watch: GcsWatch, address: str, work: Path) -> di
     t0 = time.time()
     job = slurm("sbatch", "--parsable", str(script)).strip().split(";")[0]
     poll(lambda: watch.alive_job(job), 120)
-    alive = time.time() - t0
+    alive_at = time.time()
+    alive = alive_at - t0
+    ph = phases_of(job, t0, alive_at)
     slurm("scancel", job)
     poll(lambda: job_final(session, job), 120, 0.3)
     # The bare `ray start` leaves its temp dir in the node's private /tmp.
     node = slurm("squeue", "-h", "-t", "all", "-j", job, "-o", "%N").strip()
     if node:
         shutil.rmtree(labctl.lab_dir() / "nodes" / node / "tmp" / "rbf" / job, ignore_errors=True)
-    return {"job": job, "alive": alive}
+    return {"job": job, "alive": alive, **ph}
 
 
 def ours_run(session: Session, watch: GcsWatch) -> dict:
@@ -143,6 +213,7 @@ def ours_run(session: Session, watch: GcsWatch) -> dict:
     while time.time() < deadline and (alive_at is None or joined_at is None):
         if alive_at is None and watch.alive_job(job):
             alive_at = time.time()
+            ph = phases_of(job, t0, alive_at)
         if joined_at is None:
             state = _one_state(session, job)
             if state.get("state") == "JOINED":
@@ -156,7 +227,70 @@ def ours_run(session: Session, watch: GcsWatch) -> dict:
     removed = time.time() - t1
     return {"job": job, "alive": alive_at - t0, "joined": joined_at - t0, "agent_up": state["started_at"] - t0,
             "ray_launched": launched - t0, "agent_joined": state["since"] - t0, "removed": removed,
-            "final": final}
+            "final": final, **ph}
+
+
+FLOOR_HEAD = """#!/bin/bash
+#SBATCH --job-name={name}
+#SBATCH --partition=cpu
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=2
+#SBATCH --mem=2G
+#SBATCH --time=10
+#SBATCH --output={out}/floor-head-%j.out
+export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token_path}
+exec srun --nodes=1 --ntasks=1 --cpus-per-task=2 {ray} start --head --block --port={port} \\
+    --node-ip-address="$(getent hosts "$(hostname)" | cut -d' ' -f1)" --temp-dir=/tmp/rbh/$SLURM_JOB_ID \\
+    --num-cpus=0 --num-gpus=0 --include-dashboard=false --object-store-memory={store} --disable-usage-stats
+"""
+
+
+def _node_ip(node: str) -> str:
+    return subprocess.run(["getent", "hosts", node], check=True, capture_output=True, text=True).stdout.split()[0]
+
+
+def floor_head_run(session: Session, work: Path) -> dict:
+    """Bare sbatch + ``ray start --head``: sbatch -> the head node ALIVE in its own GCS."""
+    from ray._raylet import GcsClient
+
+    port = 20000 + (os.getpid() + int(time.time())) % 20000
+    script = work / f"floor-head-{uuid.uuid4().hex[:6]}.sbatch"
+    script.write_text(FLOOR_HEAD.format(name=session.job_name, out=work, ray=RAY, port=port, store=OBJECT_STORE,
+                                        token_path=os.environ["RAY_AUTH_TOKEN_PATH"]))
+    t0 = time.time()
+    job = slurm("sbatch", "--parsable", str(script)).strip().split(";")[0]
+    node = poll(lambda: slurm("squeue", "-h", "-j", job, "-o", "%N").strip(), 60, 0.05)
+    address = f"{_node_ip(node)}:{port}"
+
+    def ready() -> bool:
+        try:
+            infos = GcsClient(address=address, nums_reconnect_retry=0).get_all_node_info(timeout=1)
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+        return any(gcs_probe._node_record(k, v, None)["state"] == "ALIVE" for k, v in infos.items())
+
+    poll(ready, 120, 0.1)
+    ready_s = time.time() - t0
+    slurm("scancel", job)
+    poll(lambda: job_final(session, job), 120, 0.3)
+    shutil.rmtree(labctl.lab_dir() / "nodes" / node / "tmp" / "rbh" / job, ignore_errors=True)
+    return {"job": job, "ready": ready_s}
+
+
+def ours_session_run(work: Path) -> dict:
+    """``Session.create`` -> the head's endpoint published (polled every 0.05 s)."""
+    t0 = time.time()
+    s = Session.create(work / f"start-{uuid.uuid4().hex[:6]}", scheduler="slurm",
+                       launcher=RayLauncher(object_store_memory=OBJECT_STORE),
+                       head=SlurmRunAllocationConfig(partition="cpu", time_limit="10", mem="2G"), supervise=False)
+    try:
+        job = s.record().head_job
+        poll(lambda: s.dir.read_head_endpoint(job), 180, 0.05)
+        ready_s = time.time() - t0
+    finally:
+        s.teardown()
+    return {"job": job, "ready": ready_s}
 
 
 def idle_usage(session: Session, seconds: float) -> dict:
@@ -189,6 +323,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--idle", type=float, default=30.0)
+    parser.add_argument("--session-runs", type=int, default=5, help="(e) session start runs of each (0: skip)")
+    parser.add_argument("--busy", action="store_true", help="keep one core busy with a burner process")
     args = parser.parse_args()
     if not labctl.is_up():
         print("the Slurm lab is not up: python3 integration/lab up 4")
@@ -200,6 +336,8 @@ def main() -> int:
     session = Session.create(work / "session", scheduler="slurm", launcher=RayLauncher(object_store_memory=OBJECT_STORE),
                              head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"), **kwargs)
     floors, ours = [], []
+    starts_floor, starts_ours = [], []
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     try:
         address = session.wait_for_head(timeout=180)
         # The run's Ray uses token auth: this process's GCS client and the
@@ -218,7 +356,17 @@ def main() -> int:
                          f"{result['ray_launched']:.2f}); removed in {result['removed']:.2f} s ({result['final']})"
                          if label == "ours" else ""), flush=True)
         usage = idle_usage(session, args.idle)
+        for i in range(args.session_runs):
+            for label, runner in (("floor", lambda: floor_head_run(session, work)),
+                                  ("ours", lambda: ours_session_run(work))):
+                result = runner()
+                (starts_floor if label == "floor" else starts_ours).append(result)
+                print(f"  session start {i + 1} {label:5} job {result['job']}: ready {result['ready']:.2f} s",
+                      flush=True)
     finally:
+        if burner is not None:
+            burner.kill()
+            burner.wait()
         session.teardown()
 
     med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
@@ -240,6 +388,21 @@ def main() -> int:
     for who, u in usage.items():
         print(f"(c) idle {who} over {args.idle:.0f} s: RSS {u['rss'] / 2**20:.1f} MiB (USS {u['uss'] / 2**20:.1f}, "
               f"peak RSS {u['rss_peak'] / 2**20:.1f}), CPU {u['cpu_percent']:.2f} %, {u['threads']} threads")
+    phase_rows = [("sbatch -> batch script", "batch"), ("batch -> step process", "step"),
+                  ("agent import+start -> ray start", "agent"), ("ray start -> raylet process", "ray_cli"),
+                  ("raylet -> ALIVE seen (registration)", "register")]
+    print(f"\njoin phases ({'one core busy' if args.busy else 'quiet machine'}), median (range), seconds:")
+    print("| phase | floor | ours |\n|---|---|---|")
+    for label, key in phase_rows:
+        cells = []
+        for rows in (floors, ours):
+            xs = [r[key] for r in rows if r.get(key) is not None]
+            cells.append(f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})" if xs else "-")
+        print(f"| {label} | {cells[0]} | {cells[1]} |")
+    if starts_ours and starts_floor:
+        f_med, o_med = med(starts_floor, "ready"), med(starts_ours, "ready")
+        print(f"\n(e) session start -> head ready: floor {f_med:.2f} s ({rng(starts_floor, 'ready')}), "
+              f"ours {o_med:.2f} s ({rng(starts_ours, 'ready')}): {o_med / f_med:.2f}x (target <= 1.5x)")
     print(f"\nratio ours/floor, to ALIVE: {med(ours, 'alive') / floor_alive:.2f}x; to JOINED: "
           f"{med(ours, 'joined') / floor_alive:.2f}x (target <= 1.15x)")
     return 0

@@ -64,9 +64,12 @@ def main() -> None:
 @click.option("--head-drain-lead", envvar="ELASTIC_AGENT_HEAD_DRAIN_LEAD", type=click.FloatRange(min=0.0),
               default=300.0, help="A head without a pre-walltime signal drains this many seconds before its "
                                   "walltime [$ELASTIC_AGENT_HEAD_DRAIN_LEAD].")
+@click.option("--rejoin-order", envvar="ELASTIC_AGENT_REJOIN_ORDER", type=click.Choice(["host-first", "all"]),
+              default="host-first", help="After the head moved, workers on the hosting node's machine wait for "
+                                         "its worker (host-first) or all start at once [$ELASTIC_AGENT_REJOIN_ORDER].")
 def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str | None, node_ip: str | None,
         node_index: int, poll_interval: float, head_lost_after: float, backoff_base: float,
-        start_timeout: float, head_drain_lead: float) -> None:
+        start_timeout: float, head_drain_lead: float, rejoin_order: str) -> None:
     """Run the agent of one node (started by the batch script through srun)."""
     from ..protocol.records import check_job_id
     from .runner import Agent, AgentOptions
@@ -85,7 +88,8 @@ def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str 
         agent = Agent(AgentOptions(session=session_dir, job_id=job_id, role=role, node=node, node_ip=node_ip,
                                    node_index=node_index, spec=spec, poll_interval=poll_interval,
                                    head_lost_after=head_lost_after, backoff_base=backoff_base,
-                                   start_timeout=start_timeout, head_drain_lead=head_drain_lead))
+                                   start_timeout=start_timeout, head_drain_lead=head_drain_lead,
+                                   rejoin_order=rejoin_order))
     except (ElasticRayError, ValueError, OSError) as exc:
         raise click.ClickException(f"cannot start the agent: {exc}") from None
     sys.exit(agent.run())

@@ -20,6 +20,7 @@ from ..protocol.channel import HeartbeatPublisher
 from ..protocol.records import HeadEndpoint
 from ..protocol.session_dir import SessionDir
 from .local_ray import RayHandle, NodePlace
+from .rejoin_order import read_boot_id
 
 log = logging.getLogger("elastic_ray.agent")
 
@@ -74,7 +75,8 @@ class HeadPublishing:
         ports["heartbeat"] = int(self.publisher.endpoint.rpartition(":")[2])
         ports["control"] = int(self.control_endpoint.rpartition(":")[2])
         endpoint = HeadEndpoint(job_id=p.job_id, host=p.node, address=f"{p.node_ip}:{ports['gcs_port']}",
-                                ray_version=_ray_version(), started_at=time.time(), ports=ports)
+                                ray_version=_ray_version(), started_at=time.time(), ports=ports,
+                                boot_id=read_boot_id())
         self.session.write_head_endpoint(endpoint)
         self._log("head_published", address=endpoint.address)
 

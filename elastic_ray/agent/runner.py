@@ -79,6 +79,7 @@ from .machine import (
     step,
 )
 from .publishing import WRITE_RETRY_SECONDS, HeadPublishing, RetriedWrite
+from .rejoin_order import RejoinTurn, host_in
 from .signal_drain import DRAIN_SIGNALS, WalltimeWatch, drain_for_signal
 from .slurmd_watch import SlurmdWatch
 from .private_dirs import ensure_private_dir
@@ -139,6 +140,7 @@ class Agent:
         self.mark_dead = MarkDeadService(self.session, options.job_id, self._serves_head, self._post_call,
                                          self.control.answer, self._log)
         self.gone = GoneReporter(self.session, self.secret, self.info.session_id, self._log)
+        self.rejoin = RejoinTurn(options.rejoin_order, options.node, host_in(self.session), self._log)
         self.local.on_stopped = lambda h: self.gone.report(h.node_id, h.address, f"agent of job {options.job_id} "
                                                                              f"on {options.node} stopped its Ray node")
         self._wake_r, self._wake_w = os.pipe()
@@ -289,7 +291,7 @@ class Agent:
                 gen, old = self.local.supersede()
                 if old is not None:  # the machine stops first; this only guards against a leak
                     self._work.put(lambda h=old: self.local.stop(h, False))
-                self._work.put(lambda a=action, g=gen: self._start_ray(a.head_address, g))
+                self._work.put(lambda a=action, g=gen, j=self.ctx.head_job: self._start_ray(a.head_address, g, j))
             elif isinstance(action, StopRay):
                 # A new generation cancels a start still in flight: it stops
                 # the node it launched itself (see LocalRay.launch).
@@ -426,8 +428,10 @@ class Agent:
             except Exception as exc:  # an effect must never kill the agent
                 log.exception("event=effect_failed job=%s node=%s error=%s", self.o.job_id, self.o.node, exc)
 
-    def _start_ray(self, head_address: str | None, generation: int) -> None:
+    def _start_ray(self, head_address: str | None, generation: int, head_job: str | None = None) -> None:
         role = "head" if self.o.role == "head" else "worker"
+        if role == "worker" and not self.rejoin.wait(head_job, lambda: self.local.current(generation)):
+            return  # superseded while it waited its turn (agent.rejoin_order)
         event = join.start_and_join(self.local, head_address, generation, role, self.o.start_timeout, self._log)
         if event is not None:
             self._post(generation, event)

@@ -401,12 +401,19 @@ class HeadEndpoint:
     ray_version: str
     started_at: float
     ports: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # The head's kernel (/proc/sys/kernel/random/boot_id): workers on the same
+    # kernel share its CPUs and let the hosting node rejoin first
+    # (agent.rejoin_order). "" from agents that predate it.
+    boot_id: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "job_id": self.job_id, "host": self.host, "address": self.address,
             "ray_version": self.ray_version, "started_at": self.started_at, "ports": dict(self.ports),
         }
+        if self.boot_id:
+            out["boot_id"] = self.boot_id
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "HeadEndpoint":
@@ -425,6 +432,7 @@ class HeadEndpoint:
             ray_version=_get(data, "ray_version", str),
             started_at=float(_get(data, "started_at", (int, float))),
             ports=MappingProxyType(dict(ports)),
+            boot_id=_get(data, "boot_id", str) if "boot_id" in data else "",
         )
 
 

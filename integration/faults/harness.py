@@ -136,6 +136,11 @@ class Result:
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
+    # For benches that read the run's own logs afterwards (bench/bench_head_capacity.py).
+    t0: float = 0.0
+    t_fault: float | None = None
+    session_dir: str = ""
+    trace: str = ""
 
     @property
     def ok(self) -> bool:
@@ -336,7 +341,7 @@ def _wait(pred: Callable[[], bool], timeout: float, step: float = 0.5) -> bool:
 def run_scenario(sc: Scenario, base: Path) -> Result:
     """Set up a session, run the payload, inject ``sc``'s fault, tear down, check the invariants."""
     res = Result(sc.name, sc.family, sc.title, units=sc.units)
-    t0 = time.time()
+    t0 = res.t0 = time.time()
     print(f"\n=== {sc.name}: {sc.title}", flush=True)
     saved_env = {k: os.environ.get(k) for k in {**AGENT_ENV, **sc.agent_env}}
     os.environ.update(AGENT_ENV)
@@ -349,6 +354,7 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
         session = Session.create(Path(parent) / f"{sc.name}-{uuid.uuid4().hex[:6]}", scheduler="slurm", head=sc.head,
                                  launcher=RayLauncher(object_store_memory=100_000_000), supervise=False)
         ctx = Ctx(session, Path(parent), session.record().head_job, [], {}, t_start=t0)
+        res.session_dir = str(session.path)
         session.wait_for_head(timeout=120)
         handles = [session.add_worker_allocation(w, resubmit_on_failure=1 if sc.keep_capacity else 0)
                    for w in WORKERS]
@@ -361,6 +367,7 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
         out = base / f"{session.path.name}-work"  # never on a filesystem a scenario fills
         out.mkdir(parents=True)
         commits, trace = out / "commits.txt", out / "trace.txt"
+        res.trace = str(trace)
         env = {"ELASTIC_RAY_PAYLOAD_TRACE": str(trace), "ELASTIC_RAY_PAYLOAD_UNIT_SECONDS": str(UNIT_SECONDS)}
         argv = [sys.executable, "-m", "elastic_ray.demo.payload", str(commits), str(sc.units)]
 
@@ -402,6 +409,7 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
         res.duplicates = sum(c - 1 for c in counts.values() if c > 1)
         res.lost = sc.units - len(counts)
         res.redone = len(starts) - len({u for u, _, _ in starts})
+        res.t_fault = ctx.t_fault
         if ctx.t_fault is not None:
             res.work_again = work_again(trace, ctx.t_fault)
             res.stall = longest_stall(trace, ctx.t_fault)

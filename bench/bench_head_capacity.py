@@ -1,0 +1,179 @@
+"""Capacity back after head loss, on the Slurm lab: head cancelled -> a task runs.
+
+Prints figures; asserts nothing. Needs root and the lab (``python3
+integration/lab up 4``; started and stopped here if it is down):
+
+    .venv/bin/python bench/bench_head_capacity.py [--runs 5] [--orders all,host-first]
+
+Each run is the fault matrix's ``head-cancel`` scenario (``integration/faults``):
+a separate CPU head on ``cpu``, 2-CPU worker allocations on ``gpu-a`` and
+``gpu-b``, the demo payload driven through the seed's loop (run; on
+``SlurmAllocationEnded`` call ``replace_head()`` and launch again), and
+``scancel`` of the head job 4 units in. Nobody but that loop calls anything.
+Phases, each in seconds after the ``scancel`` (t = 0), read from the loop's
+events, the agents' own logs and the payload's trace:
+
+* ``driver ended``: the payload's ``run.wait`` raised;
+* ``elected``: ``replace_head()`` returned (the new head's GCS is open);
+* ``host ready``: the hosting node's agent logged ``hosted_head_ready``;
+* ``host worker``: the hosting node's own worker JOINED the new head;
+* ``other worker``: the other allocation's worker JOINED the new head;
+* ``task runs``: the first unit of work started on a node after the fault
+  (the payload's trace: the task's own start time on its node);
+* ``work again``: that unit's commit by the relaunched driver.
+
+``--orders`` alternates the agents' rejoin order run by run (agent setting
+``ELASTIC_AGENT_REJOIN_ORDER``): ``all`` (every worker restarts Ray the
+moment it sees the new head) against ``host-first`` (the default: see
+``elastic_ray.agent.rejoin_order``). The lab's nodes share one machine and
+its 2 cores, which is what makes the order matter here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from integration.faults import lab_ops  # noqa: E402
+from integration.faults.harness import Result, run_scenario  # noqa: E402
+from integration.faults.scenarios import BY_NAME  # noqa: E402
+
+PHASES = ("driver ended", "elected", "host ready", "host worker", "other worker", "task runs", "work again")
+_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ event=(\w+) (.*)$")
+
+
+def _stamp(date: str, ms: str) -> float:
+    return time.mktime(time.strptime(date, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000.0
+
+
+def _events_of(log: Path) -> list[tuple[float, str, str]]:
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = _LINE.match(line)
+        if m:
+            out.append((_stamp(m.group(1), m.group(2)), m.group(3), m.group(4)))
+    return out
+
+
+def _agent_logs(session_dir: Path) -> dict[tuple[str, str], Path]:
+    """(job, node) -> the agent's log (``logs/agent-<job>-<node>.log``)."""
+    found = {}
+    for p in (session_dir / "logs").glob("agent-*.log"):
+        _, job, node = p.stem.split("-", 2)
+        found[(job, node)] = p
+    return found
+
+
+def _loop_event(res: Result, prefix: str) -> float | None:
+    for line in res.events:
+        rel, _, text = line.strip().partition("s ")
+        if text.startswith(prefix):
+            return res.t0 + float(rel)
+    return None
+
+
+def phases(res: Result) -> dict[str, float | None]:
+    """Seconds after the fault for each of :data:`PHASES` (None: not seen)."""
+    tf = res.t_fault
+    out: dict[str, float | None] = dict.fromkeys(PHASES)
+    if tf is None:
+        return out
+    rel = lambda t: None if t is None else round(t - tf, 2)  # noqa: E731
+    out["driver ended"] = rel(_loop_event(res, "run ended"))
+    out["elected"] = rel(_loop_event(res, "replace_head()"))
+    new_head = next((ln.rsplit("-> ", 1)[1].strip() for ln in res.events if "replace_head() ->" in ln), None)
+    logs = _agent_logs(Path(res.session_dir))
+    host_node = None
+    if new_head is not None:
+        for (job, node), path in logs.items():
+            if job == new_head:
+                for t, ev, _ in _events_of(path):
+                    if ev == "hosted_head_ready" and t > tf:
+                        out["host ready"] = rel(t)
+                        host_node = (job, node)
+                        break
+        for key, path in logs.items():
+            joined = next((t for t, ev, rest in _events_of(path)
+                           if ev == "state_changed" and t > tf and "state=JOINED" in rest
+                           and f"joined head {new_head}" in rest), None)
+            if joined is None:
+                continue
+            slot = "host worker" if key == host_node else "other worker"
+            if out[slot] is None or rel(joined) > out[slot]:
+                out[slot] = rel(joined)
+    starts = sorted(float(p[2]) for p in (ln.split() for ln in _read(res.trace))
+                    if len(p) >= 4 and p[0] == "start" and float(p[2]) > tf)
+    out["task runs"] = rel(starts[0]) if starts else None
+    out["work again"] = None if res.work_again is None else round(res.work_again, 2)
+    return out
+
+
+def _read(path: str) -> list[str]:
+    p = Path(path)
+    return p.read_text().splitlines() if path and p.exists() else []
+
+
+def _fmt(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5, help="runs of each order (alternating)")
+    ap.add_argument("--orders", default="all,host-first",
+                    help="comma-separated rejoin orders to alternate (all, host-first)")
+    args = ap.parse_args(argv)
+    orders = [o.strip() for o in args.orders.split(",") if o.strip()]
+    bad = [o for o in orders if o not in ("all", "host-first")]
+    if bad or not orders:
+        ap.error(f"--orders: unknown order(s) {bad}; use all and/or host-first")
+
+    labctl = lab_ops.labctl
+    started = not labctl.is_up()
+    if started:
+        labctl.up(4)
+    import os
+    os.environ["SLURM_CONF"] = str(labctl.settings_from_env().conf)
+    base = labctl.settings_from_env().shared_dir / "bench-capacity"
+    base.mkdir(parents=True, exist_ok=True)
+    table: dict[str, list[dict[str, float | None]]] = {o: [] for o in orders}
+    problems: list[str] = []
+    try:
+        for i in range(args.runs):
+            for order in orders:
+                sc = replace(BY_NAME["head-cancel"], agent_env={"ELASTIC_AGENT_REJOIN_ORDER": order})
+                res = run_scenario(sc, base)
+                ph = phases(res)
+                table[order].append(ph)
+                if not res.ok:
+                    problems.append(f"run {i + 1} {order}: {'; '.join(res.failures)}")
+                print(f"run {i + 1} {order:10} " + "  ".join(
+                    f"{k}={'-' if v is None else f'{v:.2f}'}" for k, v in ph.items()), flush=True)
+    finally:
+        if started:
+            labctl.down()
+
+    print(f"\nhead cancelled -> phases, seconds after scancel; median (range) of {args.runs} runs per order, "
+          f"orders alternating run by run")
+    print(f"| phase | {' | '.join(orders)} |")
+    print(f"|---|{'---|' * len(orders)}")
+    for phase in PHASES:
+        cells = [_fmt([r[phase] for r in table[o] if r[phase] is not None]) for o in orders]
+        print(f"| {phase} | {' | '.join(cells)} |")
+    for p in problems:
+        print(f"problem: {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
