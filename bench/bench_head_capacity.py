@@ -18,8 +18,9 @@ events, the agents' own logs and the payload's trace:
 * ``host ready``: the hosting node's agent logged ``hosted_head_ready``;
 * ``host worker``: the hosting node's own worker JOINED the new head;
 * ``other worker``: the other allocation's worker JOINED the new head;
-* ``task runs``: the first unit of work started on a node after the fault
-  (the payload's trace: the task's own start time on its node);
+* ``task runs``: the relaunched driver's first unit of work started on a
+  node (the payload's trace: the task's own start time on its node, the
+  first one after ``elected``);
 * ``work again``: that unit's commit by the relaunched driver.
 
 ``--orders`` alternates the agents' rejoin order run by run (agent setting
@@ -109,8 +110,11 @@ def phases(res: Result) -> dict[str, float | None]:
             slot = "host worker" if key == host_node else "other worker"
             if out[slot] is None or rel(joined) > out[slot]:
                 out[slot] = rel(joined)
+    # Units the old driver had dispatched can still start just after the
+    # fault; the relaunched driver's first unit starts after replace_head().
+    after = tf + (out["elected"] or 0.0)
     starts = sorted(float(p[2]) for p in (ln.split() for ln in _read(res.trace))
-                    if len(p) >= 4 and p[0] == "start" and float(p[2]) > tf)
+                    if len(p) >= 4 and p[0] == "start" and float(p[2]) > after)
     out["task runs"] = rel(starts[0]) if starts else None
     out["work again"] = None if res.work_again is None else round(res.work_again, 2)
     return out
