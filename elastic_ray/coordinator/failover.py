@@ -29,8 +29,9 @@ from ..polling import wait_for
 from ..protocol.channel import ControlError
 from ..protocol.records import AllocationRecord, HostedHeadState
 from ..scheduler.base import JobInfo
-from . import election
+from . import election, pacing
 from .claims import renew_claim
+from .pacing import SchedulerLooks, SessionLooks
 from .ports import ElectingSession
 
 log = logging.getLogger("elastic_ray.coordinator")
@@ -59,12 +60,22 @@ class Failover:
         last = ""
         why = ""
 
+        looks = SessionLooks(lambda max_age: s.query(max_age=max_age))
+
         def healthy_head() -> tuple[str, str] | None:
             nonlocal last, why
             obs = s.observe_head(wait=0.3)
             rec = s.record()
-            jobs = s.query()
+            # The fast path: the heartbeat and the record, every poll. The
+            # scheduler's answer is the session's shared one, at its pace;
+            # a fresh one is asked for only before acting on it.
+            jobs = looks.jobs(rec.head_job)
             assessment = s.assess_head(rec, jobs, obs, time.time())
+            step = pacing.failover_step(assessment.condition, heartbeat_alive=obs.alive and obs.job == rec.head_job,
+                                        may_ask=looks.may_ask(rec.head_job))
+            if step is pacing.FailoverStep.LOOK_NOW:
+                jobs = looks.fresh(rec.head_job)
+                assessment = s.assess_head(rec, jobs, obs, time.time())
             why = assessment.why
             if assessment.condition is election.HeadCondition.HEALTHY and obs.address and rec.head_job:
                 return rec.head_job, obs.address
@@ -82,8 +93,13 @@ class Failover:
                                  rec.head_job, claim.record.head_job)
                         elected.set()
                     elif claim.held:
-                        self._renewed_at = time.monotonic()
-                        self.elect(claim.record, jobs, progress, deadline)
+                        # An election acts on the scheduler's word of now, never on a shared answer.
+                        jobs = looks.fresh(claim.record.head_job)
+                        assessment = s.assess_head(claim.record, jobs, obs, time.time())
+                        why = assessment.why
+                        if assessment.needs_election:
+                            self._renewed_at = time.monotonic()
+                            self.elect(claim.record, jobs, progress, deadline)
                         elected.set()
             return None
 
@@ -123,14 +139,20 @@ class Failover:
         return job
 
     def wait_head_ready(self, job: str, deadline: float) -> bool:
-        """Until the head of ``job`` published its endpoint (True) or its job ended (False)."""
+        """Until the head of ``job`` published its endpoint (True) or its job ended (False).
+
+        Its ``head.json`` is read every poll (the fast path); the scheduler is
+        asked whether the job ended at the pace of :class:`.pacing.SchedulerLooks`
+        (a successor waiting in the queue: after 2, 4, 8... up to 30 s).
+        """
         s = self.session
+        looks = SchedulerLooks(lambda job_id, max_age: s.job_info(job_id, unreachable_ok=True, max_age=max_age))
 
         def outcome() -> bool | None:
             self.keep_claim()
             if s.dir.read_head_endpoint(job) is not None:
                 return True
-            info = s.job_info(job)
+            info = looks.info(job)
             if info is not None and info.state.is_final:
                 return False
             return None
