@@ -45,7 +45,8 @@ def _info(job: str, state: JobState) -> JobInfo:
 def test_failover_step_for_every_condition(condition, alive, may_ask):
     step = failover_step(condition, heartbeat_alive=alive, may_ask=may_ask)
     if condition is HeadCondition.HEALTHY:
-        assert step is FailoverStep.RETURN
+        # Handed out on a fresh answer (one per call): a head cancelled a moment ago still answers.
+        assert step is (FailoverStep.LOOK_NOW if may_ask else FailoverStep.RETURN)
     elif condition.needs_election:
         # Always to the claim: its holder asks afresh before acting; the others ask nothing.
         assert step is FailoverStep.ELECT
@@ -227,6 +228,27 @@ def test_no_election_when_the_fresh_answer_clears_the_head(quick):
     f.elect = lambda *a, **k: pytest.fail("the fresh answer said the head is fine")  # type: ignore[method-assign]
     assert f.replace_head(timeout=30, progress=None) == ("31", "10.0.0.1:6379")
     assert s.asked == [pacing.WATCH_MAX_AGE, 0.0]
+
+
+def test_a_head_cancelled_a_moment_ago_is_not_handed_out_on_a_shared_answer(quick):
+    # Its Ray still answers, the shared answer still says RUNNING; the scheduler says CANCELLED.
+    s = _FakeSession(shared={"31": _info("31", JobState.RUNNING)},
+                     fresh={"31": _info("31", JobState.CANCELLED)}, claim_held=True)
+    s.obs = HeadObservation("31", "10.0.0.1:6379", True, False, 0.1)
+    elected: list[dict] = []
+
+    def elect(rec, jobs, progress, deadline):
+        elected.append(dict(jobs))
+        s.rec = AllocationRecord(head_job="32", predecessors=("31",))
+        s.obs = HeadObservation("32", "10.0.0.2:6379", True, False, 0.1)
+        s.shared = s.fresh = {"32": _info("32", JobState.RUNNING)}
+
+    f = Failover(s)  # type: ignore[arg-type]
+    f.elect = elect  # type: ignore[method-assign]
+    assert f.replace_head(timeout=30, progress=None) == ("32", "10.0.0.2:6379")
+    assert elected == [{"31": _info("31", JobState.CANCELLED)}]
+    # shared, fresh (to confirm: it ended, and the election acts on that one), then the new head: shared, fresh.
+    assert s.asked == [pacing.WATCH_MAX_AGE, 0.0, pacing.WATCH_MAX_AGE, 0.0]
 
 
 def test_waiting_for_a_successor_reads_head_json_every_poll_and_asks_the_scheduler_at_its_pace(quick, tmp_path):

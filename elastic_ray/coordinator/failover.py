@@ -73,7 +73,8 @@ class Failover:
             assessment = s.assess_head(rec, jobs, obs, time.time())
             step = pacing.failover_step(assessment.condition, heartbeat_alive=obs.alive and obs.job == rec.head_job,
                                         may_ask=looks.may_ask(rec.head_job))
-            if step is pacing.FailoverStep.LOOK_NOW:
+            fresh = step is pacing.FailoverStep.LOOK_NOW
+            if fresh:
                 jobs = looks.fresh(rec.head_job)
                 assessment = s.assess_head(rec, jobs, obs, time.time())
             why = assessment.why
@@ -94,7 +95,8 @@ class Failover:
                         elected.set()
                     elif claim.held:
                         # An election acts on the scheduler's word of now, never on a shared answer.
-                        jobs = looks.fresh(claim.record.head_job)
+                        if not fresh:
+                            jobs = looks.fresh(claim.record.head_job)
                         assessment = s.assess_head(claim.record, jobs, obs, time.time())
                         why = assessment.why
                         if assessment.needs_election:

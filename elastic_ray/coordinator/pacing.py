@@ -119,7 +119,8 @@ class FailoverStep(str, enum.Enum):
 
     RETURN = "return"       # the head is healthy: hand it out
     ELECT = "elect"         # take the election claim; judge again on a fresh answer before acting
-    LOOK_NOW = "look_now"   # Ray answers but the (shared) answer says otherwise: it is behind, ask
+    LOOK_NOW = "look_now"   # confirm on a fresh answer: before handing a head out, or when Ray
+                            # answers but the (shared) answer says otherwise (it is behind)
     WAIT = "wait"           # the fast path (heartbeat, head.json, the record) is watched; Slurm at its pace
 
 
@@ -129,12 +130,15 @@ def failover_step(condition: HeadCondition, *, heartbeat_alive: bool, may_ask: b
     ``heartbeat_alive``: the record's head answers its heartbeat.
     ``may_ask``: no fresh answer about this head was asked for within
     ``ACTIVE_EVERY`` (so asking now cannot turn into a query every poll).
-    An election always goes ahead to the claim: acting needs a fresh answer,
-    which the claim's holder asks for; a process that does not get the claim
-    asks nothing and watches for the new head instead.
+    A healthy head is handed out on a fresh answer, as before (a head
+    cancelled a moment ago may still answer its heartbeat); that is one
+    query per call, never one per poll. An election always goes ahead to
+    the claim: acting needs a fresh answer, which the claim's holder asks
+    for; a process that does not get the claim asks nothing and watches for
+    the new head instead.
     """
     if condition is HeadCondition.HEALTHY:
-        return FailoverStep.RETURN
+        return FailoverStep.LOOK_NOW if may_ask else FailoverStep.RETURN
     if condition.needs_election:
         return FailoverStep.ELECT
     if heartbeat_alive and may_ask:
