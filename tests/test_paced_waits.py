@@ -92,6 +92,13 @@ def test_a_removal_wait_first_asks_afresh_then_accepts_answers_as_old_as_its_pac
     assert [a for _, a in seen] == [0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
 
 
+def test_a_supervisor_asks_itself_at_its_first_check_and_every_fifth_and_shares_between(monkeypatch):
+    ages = [pacing.supervisor_max_age(n) for n in range(11)]
+    assert ages == [0.0] + [pacing.WATCH_MAX_AGE] * 4 + [0.0] + [pacing.WATCH_MAX_AGE] * 4 + [0.0]
+    monkeypatch.setenv("ELASTIC_RAY_SHARED_ANSWERS", "0")
+    assert {pacing.supervisor_max_age(n) for n in range(11)} == {0.0}
+
+
 class _Queries:
     """The session's ``query(max_age)``: counts fresh (0) and shared (> 0) looks."""
 

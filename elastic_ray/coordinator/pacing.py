@@ -73,6 +73,23 @@ def look_max_age(max_age: float | None, delay: float | None) -> float:
     return min(WATCH_MAX_AGE, delay or 0.0)
 
 
+#: every how many supervisor checks one asks the scheduler itself (strays are settled on own answers only)
+SUPERVISOR_FRESH_EVERY = 5
+
+
+def supervisor_max_age(check: int) -> float:
+    """Pure: the answer age the supervisor's ``check``-th periodic look (from 0) accepts.
+
+    Its looks take the shared answer, so that many supervising processes
+    cost one query per ``WATCH_MAX_AGE``; but a stray job is cancelled only
+    on an answer its process asked for itself (``SessionJobs.query``), and
+    other watchers keep the shared answer fresh. So the first check and
+    every ``SUPERVISOR_FRESH_EVERY``-th ask themselves (every 150 s at the
+    default 30 s interval).
+    """
+    return 0.0 if check % SUPERVISOR_FRESH_EVERY == 0 else watch_max_age()
+
+
 def watch_max_age(wanted: float = WATCH_MAX_AGE) -> float:
     """The answer age a watcher accepts: ``wanted``, or 0 (ask) with sharing off."""
     return wanted if sharing_enabled() else 0.0
@@ -200,4 +217,4 @@ class SessionLooks:
 
 __all__ = ["ACTIVE_EVERY", "FailoverStep", "PENDING_MAX", "SchedulerLooks", "SessionLooks", "STATUS_MAX_AGE",
            "WATCH_MAX_AGE", "failover_step", "look_max_age", "next_check_delay", "removal_check_delay",
-           "watch_max_age"]
+           "supervisor_max_age", "watch_max_age"]
