@@ -7,6 +7,11 @@ asks a worker allocation's first node to host a head, or waits for a
 published or newly submitted head allocation, then records the new head,
 moves the ``ray_head`` pointer and nudges every agent to follow at once.
 
+Its waits watch the fast path every poll (the heartbeat, ``head.json``,
+the record) and the scheduler at the pace of :mod:`.pacing`, through the
+session's shared answer; what it acts on (an election) it first asks the
+scheduler afresh, and a head is handed out on a fresh answer.
+
 It lives apart from ``session`` because it is the one part of the
 coordinator that changes who the head is; the session's other methods only
 add, observe and remove allocations. It is written against the narrow
