@@ -190,7 +190,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="how long each scenario is measured")
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    with tempfile.TemporaryDirectory(prefix="er-bench-load-") as tmp:
+    # (agents may still write their last state while the directory goes)
+    with tempfile.TemporaryDirectory(prefix="er-bench-load-", ignore_cleanup_errors=True) as tmp:
         sched = LocalScheduler(Path(tmp) / "local-scheduler")
         counter = Counter(sched)
         session = Session.create(Path(tmp) / "session", head=SlurmRunAllocationConfig(
