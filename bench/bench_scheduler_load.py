@@ -16,7 +16,14 @@ session would send to slurmctld) while three things go on, each for
   Session object as a separate process would have;
 * status: ``elastic-ray session status`` started every second (its
   ``collect_status``, each from a fresh Session, in its own thread as from
-  many shells), on top of the idle session.
+  many shells), on top of the idle session;
+* failover: 4 electors each waiting for a successor head allocation that
+  stays PENDING (``Failover.wait_head_ready`` on the pending allocation,
+  each with its own Session), on top of the idle session.
+
+It also removes one idle single-node worker allocation with
+``remove_worker_allocation(wait=True)`` per mode and prints how many
+queries that took and how long.
 
 Each is measured "before" (``ELASTIC_RAY_SHARED_ANSWERS=0``: every watcher
 asks the scheduler itself, at the old pace) and "after" (the shared answer
@@ -40,12 +47,14 @@ from elastic_ray.cli.session import collect_status  # noqa: E402
 from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  # noqa: E402
 from elastic_ray.config.launcher import RayLauncher  # noqa: E402
 from elastic_ray.coordinator import answers  # noqa: E402
+from elastic_ray.coordinator.failover import Failover  # noqa: E402
 from elastic_ray.coordinator.pacing import STATUS_MAX_AGE, watch_max_age  # noqa: E402
 from elastic_ray.coordinator.session import Session  # noqa: E402
 from elastic_ray.scheduler.local.scheduler import LocalScheduler  # noqa: E402
 
 WAITERS = 10
 DRIVERS = 4
+ELECTORS = 4
 WARMUP = 3.0
 
 
@@ -142,12 +151,47 @@ def status_every_second(session: Session, sched: LocalScheduler, counter: Counte
     return rate
 
 
+def failover_waits(session: Session, sched: LocalScheduler, pending: str, counter: Counter,
+                   seconds: float) -> float:
+    lasting = WARMUP + seconds + 1.0
+    opened: list[Session] = []
+
+    def elector() -> None:
+        s = Session.open(session.path, sched, supervise=False)
+        opened.append(s)
+        failover = Failover(s)
+        failover.keep_claim = lambda: None   # type: ignore[method-assign]  # no claim is held here
+        failover.wait_head_ready(pending, time.monotonic() + lasting)
+
+    threads = [threading.Thread(target=elector, daemon=True) for _ in range(ELECTORS)]
+    for t in threads:
+        t.start()
+    rate = measure(counter, seconds)
+    for t in threads:
+        t.join(lasting + 30)
+    for s in opened:
+        s.close()
+    return rate
+
+
+def removal(session: Session, counter: Counter) -> tuple[int, float, str]:
+    """Queries and seconds of one ``remove_worker_allocation(wait=True)`` of an idle worker."""
+    handle = session.add_worker_allocation(SlurmWorkerAllocationConfig(
+        partition="gpu-a", num_nodes=1, cpus_per_task=1, mem="512M", time_limit="60"))
+    session.wait_for_worker_allocation(handle, timeout=180)
+    counter.reset()
+    started = time.monotonic()
+    final = session.remove_worker_allocation(handle, drain_timeout=60)
+    return counter.calls, time.monotonic() - started, final
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="how long each scenario is measured")
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    with tempfile.TemporaryDirectory(prefix="er-bench-load-") as tmp:
+    # (agents may still write their last state while the directory goes)
+    with tempfile.TemporaryDirectory(prefix="er-bench-load-", ignore_cleanup_errors=True) as tmp:
         sched = LocalScheduler(Path(tmp) / "local-scheduler")
         counter = Counter(sched)
         session = Session.create(Path(tmp) / "session", head=SlurmRunAllocationConfig(
@@ -158,20 +202,27 @@ def main() -> None:
             # Two whole nodes of "cpu", whose first node hosts the head: it stays PENDING.
             pending = session.add_worker_allocation(SlurmWorkerAllocationConfig(
                 partition="cpu", num_nodes=2, cpus_per_task=4, mem="1G", time_limit="60")).job_id
-            rows = []
+            rows, removals = [], []
             for label, sharing in (("before (every watcher asks)", "0"), ("after (shared answer)", "1")):
                 os.environ[answers.ENV_SWITCH] = sharing
                 rows.append((label, idle(session, counter, args.seconds),
                              busy(session, sched, pending, counter, args.seconds),
-                             status_every_second(session, sched, counter, args.seconds)))
+                             status_every_second(session, sched, counter, args.seconds),
+                             failover_waits(session, sched, pending, counter, args.seconds)))
+                removals.append((label, *removal(session, counter)))
         finally:
             os.environ.pop(answers.ENV_SWITCH, None)
             session.teardown()
     print(f"scheduler queries per hour (each scenario measured {args.seconds:g} s; the local scheduler "
           f"stands in for Slurm: this counts calls, it is not a timing benchmark)")
-    print(f"{'':30} {'idle session':>14} {f'{WAITERS} waits + {DRIVERS} drivers':>22} {'status every 1 s':>18}")
-    for label, a, b, c in rows:
-        print(f"{label:30} {a:14.0f} {b:22.0f} {c:18.0f}")
+    print(f"{'':30} {'idle session':>14} {f'{WAITERS} waits + {DRIVERS} drivers':>22} {'status every 1 s':>18} "
+          f"{f'{ELECTORS} successor waits':>20}")
+    for label, a, b, c, d in rows:
+        print(f"{label:30} {a:14.0f} {b:22.0f} {c:18.0f} {d:20.0f}")
+    print("\nremove_worker_allocation(wait=True) of an idle single-node worker allocation")
+    print(f"{'':30} {'queries':>8} {'seconds':>8} {'final':>10}")
+    for label, calls, took, final in removals:
+        print(f"{label:30} {calls:8d} {took:8.1f} {final:>10}")
 
 
 if __name__ == "__main__":

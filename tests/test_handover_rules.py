@@ -266,7 +266,7 @@ def test_an_elector_that_wins_the_claim_after_another_election_judges_the_new_he
             self.looks += 1
             return old if self.looks == 1 else new
 
-        def query(self):
+        def query(self, max_age=0.0):
             return jobs
 
         def assess_head(self, rec, jobs, obs, now):

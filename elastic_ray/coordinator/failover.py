@@ -7,6 +7,11 @@ asks a worker allocation's first node to host a head, or waits for a
 published or newly submitted head allocation, then records the new head,
 moves the ``ray_head`` pointer and nudges every agent to follow at once.
 
+Its waits watch the fast path every poll (the heartbeat, ``head.json``,
+the record) and the scheduler at the pace of :mod:`.pacing`, through the
+session's shared answer; what it acts on (an election) it first asks the
+scheduler afresh, and a head is handed out on a fresh answer.
+
 It lives apart from ``session`` because it is the one part of the
 coordinator that changes who the head is; the session's other methods only
 add, observe and remove allocations. It is written against the narrow
@@ -29,8 +34,9 @@ from ..polling import wait_for
 from ..protocol.channel import ControlError
 from ..protocol.records import AllocationRecord, HostedHeadState
 from ..scheduler.base import JobInfo
-from . import election
+from . import election, pacing
 from .claims import renew_claim
+from .pacing import SchedulerLooks, SessionLooks
 from .ports import ElectingSession
 
 log = logging.getLogger("elastic_ray.coordinator")
@@ -59,12 +65,23 @@ class Failover:
         last = ""
         why = ""
 
+        looks = SessionLooks(lambda max_age: s.query(max_age=max_age))
+
         def healthy_head() -> tuple[str, str] | None:
             nonlocal last, why
             obs = s.observe_head(wait=0.3)
             rec = s.record()
-            jobs = s.query()
+            # The fast path: the heartbeat and the record, every poll. The
+            # scheduler's answer is the session's shared one, at its pace;
+            # a fresh one is asked for only before acting on it.
+            jobs = looks.jobs(rec.head_job)
             assessment = s.assess_head(rec, jobs, obs, time.time())
+            step = pacing.failover_step(assessment.condition, heartbeat_alive=obs.alive and obs.job == rec.head_job,
+                                        may_ask=looks.may_ask(rec.head_job))
+            fresh = step is pacing.FailoverStep.LOOK_NOW
+            if fresh:
+                jobs = looks.fresh(rec.head_job)
+                assessment = s.assess_head(rec, jobs, obs, time.time())
             why = assessment.why
             if assessment.condition is election.HeadCondition.HEALTHY and obs.address and rec.head_job:
                 return rec.head_job, obs.address
@@ -82,8 +99,14 @@ class Failover:
                                  rec.head_job, claim.record.head_job)
                         elected.set()
                     elif claim.held:
-                        self._renewed_at = time.monotonic()
-                        self.elect(claim.record, jobs, progress, deadline)
+                        # An election acts on the scheduler's word of now, never on a shared answer.
+                        if not fresh:
+                            jobs = looks.fresh(claim.record.head_job)
+                        assessment = s.assess_head(claim.record, jobs, obs, time.time())
+                        why = assessment.why
+                        if assessment.needs_election:
+                            self._renewed_at = time.monotonic()
+                            self.elect(claim.record, jobs, progress, deadline)
                         elected.set()
             return None
 
@@ -123,14 +146,20 @@ class Failover:
         return job
 
     def wait_head_ready(self, job: str, deadline: float) -> bool:
-        """Until the head of ``job`` published its endpoint (True) or its job ended (False)."""
+        """Until the head of ``job`` published its endpoint (True) or its job ended (False).
+
+        Its ``head.json`` is read every poll (the fast path); the scheduler is
+        asked whether the job ended at the pace of :class:`.pacing.SchedulerLooks`
+        (a successor waiting in the queue: after 2, 4, 8... up to 30 s).
+        """
         s = self.session
+        looks = SchedulerLooks(lambda job_id, max_age: s.job_info(job_id, unreachable_ok=True, max_age=max_age))
 
         def outcome() -> bool | None:
             self.keep_claim()
             if s.dir.read_head_endpoint(job) is not None:
                 return True
-            info = s.job_info(job)
+            info = looks.info(job)
             if info is not None and info.state.is_final:
                 return False
             return None

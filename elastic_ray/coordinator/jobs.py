@@ -132,8 +132,8 @@ class SessionJobs:
         """The session's jobs (one query), after settling any stray it shows.
 
         Strays are settled on answers this call asked for only, never on a
-        shared one that may be seconds old (the supervisor asks afresh every
-        30 s, so a stray is not missed for long)."""
+        shared one that may be seconds old (each supervisor asks afresh every
+        few checks, ``pacing.supervisor_max_age``, so a stray is not missed for long)."""
         extra = set(extra)
         ids = set(rec.workers) | extra | ({rec.head_job} if rec.head_job else set())
         listed, asked = self._listing(ids, max_age)

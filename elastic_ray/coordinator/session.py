@@ -35,9 +35,9 @@ from ..protocol.records import AgentState, NodeState
 from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
 from ..protocol.session_dir import SessionDir
 from ..ray_auth import launcher_warnings
-from ..scheduler.base import JobInfo, JobState, Scheduler, current_user
+from ..scheduler.base import JobInfo, Scheduler, current_user
 from ..scheduler.factory import make_scheduler
-from . import election, failures, submit
+from . import election, failures, removal, submit
 from .claims import ClaimOutcome, election_claim
 from .drivers import PayloadRun
 from .failover import CONTROL_TIMEOUT, HEAD_START_GRACE, Failover
@@ -442,39 +442,11 @@ class Session:
         """Drain a running allocation (cancel a pending one); returns the final Slurm state.
 
         With ``wait=False`` it returns at once (the drain goes on) with the
-        state at that moment.
+        state at that moment. The wait ends when the agents publish their
+        end or the scheduler says the job ended (see :mod:`.removal`).
         """
         job_id = handle.job_id if isinstance(handle, WorkerAllocation) else handle
-        if job_id not in self.record().workers:
-            raise ValueError(f"handle: job {job_id} is not a worker allocation of this session")
-        info = self.job_info(job_id)
-        state = info.state if info else JobState.ENDED_UNKNOWN
-        if state is JobState.PENDING:
-            # (the intent first, or a poll in between takes the CANCELLED for a failure)
-            self.dir.update_allocation(lambda r: r.with_worker(replace(r.workers[job_id], state="removed")))
-            self.scheduler.cancel(job_id)
-        elif state.is_active:
-            told = self.drain_job(job_id, drain_timeout, "remove_worker_allocation")
-            if told == 0:
-                # No agent answered (none started yet, or all hung): Slurm ends it.
-                self.scheduler.cancel(job_id)
-        self.dir.update_allocation(lambda r: r.with_worker(replace(r.workers[job_id], state="removed")))
-        if not wait:
-            return state.value
-        # The agents stop their nodes at the drain deadline; allow them a little more.
-        def final_state() -> str | None:
-            info = self.job_info(job_id)
-            if info is not None and info.state.is_final:
-                return info.state.value
-            if progress:
-                progress(f"job {job_id}: {info.state.value if info else '?'} (draining)")
-            return None
-
-        final = wait_for(final_state, timeout=drain_timeout + 60.0, interval=POLL_INTERVAL, raising=False)
-        if final is None:
-            self.scheduler.cancel(job_id)
-            raise TimeoutError(f"worker allocation {job_id} did not end after its drain; cancelled it")
-        return final
+        return removal.remove_worker_allocation(self, job_id, drain_timeout, wait, progress)
 
     # ------------------------------------------------------------ payload drivers
     def ray_client_env(self) -> dict[str, str]:

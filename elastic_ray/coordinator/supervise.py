@@ -10,6 +10,10 @@ Ray still ran). A head nearing its walltime drains itself (its agent,
 at its pre-walltime signal or ahead of the walltime) and says so in its
 heartbeat; only then is it moved. Many processes may do this at
 once; the claim in allocation.json makes them run one election.
+Its periodic look mostly takes the session's shared scheduler answer (one
+query per ``WATCH_MAX_AGE`` however many processes supervise; see
+``pacing.supervisor_max_age``); acting on it, an election or a replacement
+worker, asks the scheduler afresh first.
 
 It also keeps a worker: with ``worker_allocation`` set (or a head-only
 head), a session with no live worker allocation submits one again.
@@ -26,6 +30,7 @@ from ..config import SlurmWorkerAllocationConfig
 from ..errors import ElasticRayError
 from . import election
 from .headwatch import HeadObservation
+from .pacing import supervisor_max_age, watch_max_age
 from .ports import SupervisedSession
 
 log = logging.getLogger("elastic_ray.coordinator")
@@ -83,6 +88,7 @@ class HeadSupervisor:
         self.keep_worker = keep_worker
         self.on_event = on_event
         self._stop = threading.Event()
+        self._checks = 0   # periodic checks so far (every few asks the scheduler itself)
         self._thread = threading.Thread(target=self._run, name="elastic-ray-head-supervisor", daemon=True)
         self.noticed: list[tuple[float, str]] = []  # (time, what) for status and benchmarks
         self._errors = RepeatedError(session.job_name)
@@ -141,13 +147,14 @@ class HeadSupervisor:
         added = any(not w.hosts_run_head for w in rec.workers.values())
         if not should_elect_on_its_own(added, session.info.ray_head_only):
             return
-        jobs = session.query()
+        jobs = session.query(max_age=supervisor_max_age(self._checks))
+        self._checks += 1
         assessment = session.assess_head(rec, jobs, obs, now)
         if assessment.needs_election:
             self._emit("election_needed", why=repr(assessment.why))
             head = session.replace_head(timeout=3600)
             self._emit("head_ready", head=head.job_id, address=head.address)
-            rec, jobs = session.record(), session.query()
+            rec, jobs = session.record(), session.query(max_age=watch_max_age())
         if self.keep_worker:
             self._keep_a_worker(rec, jobs)
 

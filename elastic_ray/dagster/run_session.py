@@ -26,7 +26,7 @@ from filelock import FileLock
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
 from ..config.queue import RunLayout, SlurmQueue, resolve_worker_allocation
-from ..coordinator import election
+from ..coordinator import election, pacing
 from ..coordinator.session import Head, Session, WorkerAllocation
 from ..errors import SlurmAllocationEnded
 
@@ -132,14 +132,25 @@ class RunSession:
     def ready_head(self, timeout: float = 3600.0) -> Head:
         """The current head once it is healthy; waits while it is queued or
         starting. A head that ended, stopped or drains raises
-        ``SlurmAllocationEnded`` (this does not elect: call ``replace_head``)."""
+        ``SlurmAllocationEnded`` (this does not elect: call ``replace_head``).
+
+        The heartbeat is watched all the time; the scheduler's answer is the
+        session's shared one at the pace of ``pacing.SessionLooks`` (a queued
+        head: after 2, 4, 8... up to 30 s), asked afresh before it raises."""
         s = self.session
         deadline = time.monotonic() + timeout
+        looks = pacing.SessionLooks(lambda max_age: s.query(max_age=max_age))
         while True:
             obs = s.observe_head(wait=0.5)
             rec = s.record()
-            jobs = s.query()
+            jobs = looks.jobs(rec.head_job)
             assessment = s.assess_head(rec, jobs, obs, time.time())
+            step = pacing.failover_step(assessment.condition, heartbeat_alive=obs.alive and obs.job == rec.head_job,
+                                        may_ask=looks.may_ask(rec.head_job))
+            if step is pacing.FailoverStep.ELECT or step is pacing.FailoverStep.LOOK_NOW:
+                # Raising tells the caller to elect: say so only on the scheduler's word of now.
+                jobs = looks.fresh(rec.head_job)
+                assessment = s.assess_head(rec, jobs, obs, time.time())
             if assessment.condition is election.HeadCondition.HEALTHY and obs.address and rec.head_job:
                 return Head(rec.head_job, obs.address, s)
             if assessment.needs_election:
