@@ -28,7 +28,9 @@ from .pacing import SchedulerLooks, removal_check_delay
 
 log = logging.getLogger("elastic_ray.coordinator")
 
-POLL_INTERVAL = 0.5
+# The fast path (the agents' node files) is read this often; the scheduler
+# is looked at on its own pace (removal_check_delay), not at every poll.
+POLL_INTERVAL = 0.1
 #: how much longer than its drain a removed allocation may take to end
 END_GRACE = 60.0
 
