@@ -81,6 +81,17 @@ class HeadWatch:
         self.probing = False
 
 
+def beat_time(sent: float, read_before: float | None, now: float) -> float:
+    """When a heartbeat taken at ``now`` came. The loop does not wake per
+    beat (``agent.following``): it takes the queued ones at its next wakeup,
+    up to a second later, and dating a beat by that would hide that much of
+    a silence. A beat came after the previous take (which emptied the queue)
+    and by ``now``; within that window the head's own send time places it,
+    so a head clock that is off moves it no further than the window."""
+    low = read_before if read_before is not None else float("-inf")
+    return min(max(sent, low), now)
+
+
 class PointerRead(str, enum.Enum):
     KEEP = "keep"      # the pointer is missing but the followed head lives: keep following it
     NEW = "new"        # the pointer names another head (or none): start a new watch
