@@ -40,6 +40,9 @@ def test_a_beat_taken_late_is_dated_by_its_send_time_within_the_window_it_came_i
     assert beat_time(3.0, 10.0, 10.9) == 10.0
     # The first take after subscribing has no lower bound but ``now``.
     assert beat_time(9.0, None, 10.9) == 9.0 and beat_time(12.0, None, 10.9) == 10.9
+    # After an answer of the head's agent counted as a beat at 10.5, a beat sent before it is not older.
+    assert beat_time(10.2, 10.0, 10.9, heard_before=10.5) == 10.5
+    assert beat_time(10.7, 10.0, 10.9, heard_before=10.5) == 10.7
 
 
 def test_a_dropped_link_counts_until_a_beat_is_heard_after_it():

@@ -174,8 +174,8 @@ class HeadFollower:
             body = envelope.body
             if body.get("head_job") != self.watch.job:
                 continue
-            self.watch.heard(beat_time(envelope.ts, read_before, now), bool(body.get("ray_ok")),
-                             bool(body.get("draining")))
+            self.watch.heard(beat_time(envelope.ts, read_before, now, self.watch.last_beat),
+                             bool(body.get("ray_ok")), bool(body.get("draining")))
         if sub.link is not None:
             sub.link.read(now)   # only empties its queue: a drop wakes the loop to take a closing head's last beat
 
