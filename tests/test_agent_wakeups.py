@@ -29,6 +29,11 @@ def test_the_loop_sleeps_to_the_earliest_deadline_never_below_zero_nor_above_the
     assert wakeups.sleep_for(100.0, ()) == wakeups.MAX_SLEEP
 
 
+def test_the_poll_timeout_is_rounded_up_so_the_loop_never_wakes_before_its_deadline():
+    assert wakeups.poll_ms(0.9996) == 1000 and wakeups.poll_ms(0.0004) == 1
+    assert wakeups.poll_ms(0.0) == 0 and wakeups.poll_ms(1.0) == 1000
+
+
 def test_periodic_work_is_done_up_to_its_slack_early_and_never_earlier():
     assert not wakeups.due(10.0, 11.0)
     assert wakeups.due(11.0, 11.0)

@@ -234,7 +234,7 @@ class Agent:
             timeout = wakeups.sleep_for(now, (self._next_pointer, beat_at, self._next_status,
                                               self.follower.silence_at(now)))
             try:
-                ready = dict(poller.poll(timeout=timeout * 1000))
+                ready = dict(poller.poll(timeout=wakeups.poll_ms(timeout)))
             except zmq.ZMQError as exc:
                 if exc.errno == errno.EINTR:
                     ready = {}

@@ -15,6 +15,8 @@ it does not wake per heartbeat: it takes the queued beats then
 
 from __future__ import annotations
 
+import math
+
 INF = float("inf")
 #: The loop looks at its Ray node, the walltime and slurmd at least this often.
 MAX_SLEEP = 1.0
@@ -27,6 +29,14 @@ def sleep_for(now: float, deadlines: tuple[float, ...]) -> float:
     """Seconds to wait for the earliest of ``deadlines``: 0 when one has
     passed, at most ``MAX_SLEEP``."""
     return max(0.0, min(min(deadlines, default=INF) - now, MAX_SLEEP))
+
+
+def poll_ms(seconds: float) -> int:
+    """The poller's timeout in whole milliseconds, rounded *up*: ZeroMQ
+    truncates, and a loop woken a fraction of a millisecond before its
+    deadline finds nothing due and wakes again at once (measured: an idle
+    head woke 2.1 times a second for one beat a second)."""
+    return math.ceil(seconds * 1000)
 
 
 def due(now: float, at: float, slack: float = 0.0) -> bool:
