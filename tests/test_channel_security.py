@@ -237,10 +237,12 @@ EXHAUST = textwrap.dedent("""
     session.write_head_endpoint(HeadEndpoint(job_id="7", host="n1", address="127.0.0.1:6379", ray_version="x",
                                              started_at=time.time(), ports={"heartbeat": hb_port}))
     logs = []
-    # The follower's own context allows one socket, which a stand-in holds:
-    # libzmq refuses the next with EMFILE, as when descriptors run out.
+    # The follower's own context allows three sockets (a heartbeat subscriber
+    # and the two ends of its link watch), one of which a stand-in holds:
+    # libzmq refuses the last a subscription needs with EMFILE, as when
+    # descriptors run out.
     fctx = zmq.Context()
-    fctx.set(zmq.MAX_SOCKETS, 1)
+    fctx.set(zmq.MAX_SOCKETS, 3)
     holder = fctx.socket(zmq.PAIR)
     follower = HeadFollower(session, secret, "s-fd", fctx, role="worker", lost_after=2.0,
                             log=lambda event, **f: logs.append(event), on_loop=lambda call: None)

@@ -22,7 +22,7 @@ import zmq
 from ..protocol.channel import ControlClient, ControlError, HeartbeatSubscriber
 from ..protocol.session_dir import SessionDir
 from . import gcs
-from .head_watch import HEAD_PROBE_TIMEOUT, HeadWatch, PointerRead, answer_counts, read_pointer
+from .head_watch import HEAD_PROBE_TIMEOUT, HeadWatch, PointerRead, answer_counts, beat_time, read_pointer
 from .hosted import Hosting, own_head_live_at_once
 from .machine import HeadSeen
 
@@ -42,6 +42,7 @@ class HeadFollower:
         self.subscriber: HeartbeatSubscriber | None = None
         self._missing_logged = False
         self._subscribe_failures = 0
+        self._read_at: float | None = None   # when the queued heartbeats were last taken
 
     def seen(self, now: float) -> HeadSeen:
         return self.watch.seen(now, self.lost_after)
@@ -107,7 +108,7 @@ class HeadFollower:
                 return
             host = endpoint.address.rpartition(":")[0]
             subscriber = HeartbeatSubscriber(f"tcp://{host}:{endpoint.ports['heartbeat']}", self.secret,
-                                             self.session_id, context=self.zctx)
+                                             self.session_id, context=self.zctx, watch_link=True)
         except (zmq.ZMQError, OSError) as exc:
             self._subscribe_failures += 1
             if self._subscribe_failures == 1:
@@ -149,19 +150,34 @@ class HeadFollower:
         if self.subscriber is not None:
             self.subscriber.close()
         self.subscriber = subscriber
+        self._read_at = None
+
+    def wake_socket(self) -> Any:
+        """What the loop waits on for this head: not the heartbeat socket (a
+        wakeup per beat is most of what an idle worker would spend) but its
+        link watch, readable only when the connection comes or drops. The
+        beats queue meanwhile and are taken at every wakeup (``read_heartbeats``)."""
+        sub = self.subscriber
+        return sub.link.socket if sub is not None and sub.link is not None else None
 
     def read_heartbeats(self, now: float) -> None:
+        """Take the queued beats, each dated by ``beat_time``: the loop does
+        not wake per beat, so ``now`` may be well after one arrived."""
         sub = self.subscriber
         if sub is None:
             return
+        read_before, self._read_at = self._read_at, now
         while True:
             envelope = sub.poll(0)
             if envelope is None:
-                return
+                break
             body = envelope.body
             if body.get("head_job") != self.watch.job:
                 continue
-            self.watch.heard(now, bool(body.get("ray_ok")), bool(body.get("draining")))
+            self.watch.heard(beat_time(envelope.ts, read_before, now, self.watch.last_beat),
+                             bool(body.get("ray_ok")), bool(body.get("draining")))
+        if sub.link is not None:
+            sub.link.read(now)   # only empties its queue: a drop wakes the loop to take a closing head's last beat
 
     # ------------------------------------------------------------ a silent head
     def check_silent(self, now: float) -> None:

@@ -81,6 +81,19 @@ class HeadWatch:
         self.probing = False
 
 
+def beat_time(sent: float, read_before: float | None, now: float, heard_before: float | None = None) -> float:
+    """When a heartbeat taken at ``now`` came. The loop does not wake per
+    beat (``agent.following``): it takes the queued ones at its next wakeup,
+    up to a second later, and dating a beat by that would hide that much of
+    a silence. A beat came after the previous take (which emptied the queue)
+    and by ``now``; within that window the head's own send time places it,
+    so a head clock that is off moves it no further than the window. Never
+    before ``heard_before`` (an answer of the head's agent that counted as a
+    beat): the last beat heard only moves forward."""
+    low = max(x for x in (read_before, heard_before, float("-inf")) if x is not None)
+    return min(max(sent, low), now)
+
+
 class PointerRead(str, enum.Enum):
     KEEP = "keep"      # the pointer is missing but the followed head lives: keep following it
     NEW = "new"        # the pointer names another head (or none): start a new watch

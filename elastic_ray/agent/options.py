@@ -21,7 +21,7 @@ class AgentOptions:
     node_index: int = 0            # SLURM_NODEID: node 0 may host an elected head
     spec: Path | None = None       # the worker allocation's config (JSON)
     poll_interval: float = 1.0     # how often the ray_head pointer is read
-    heartbeat_interval: float = 0.5  # four beats per head_lost_after: see docs/architecture.md, "The control channel"
+    heartbeat_interval: float = 1.0  # two beats per head_lost_after: see docs/architecture.md, "The control channel"
     head_lost_after: float = 2.0   # silence after which a head counts as lost
     backoff_base: float = 2.0
     backoff_max: float = 60.0

@@ -229,14 +229,14 @@ class Agent:
                 if subscribed_socket is not None:
                     poller.unregister(subscribed_socket)
                 subscribed = self.follower.subscriber
-                subscribed_socket = subscribed.socket if subscribed is not None else None
+                subscribed_socket = self.follower.wake_socket()
                 if subscribed_socket is not None:
                     poller.register(subscribed_socket, zmq.POLLIN)
             beat_at = self._next_beat if self._beats_due() else wakeups.INF
             timeout = wakeups.sleep_for(now, (self._next_pointer, beat_at, self._next_status,
                                               self.follower.silence_at(now)))
             try:
-                ready = dict(poller.poll(timeout=timeout * 1000))
+                ready = dict(poller.poll(timeout=wakeups.poll_ms(timeout)))
             except zmq.ZMQError as exc:
                 if exc.errno == errno.EINTR:
                     ready = {}
@@ -245,8 +245,7 @@ class Agent:
             now = time.time()
             if self.control.socket in ready:
                 self.control.handle_ready(self._on_request)
-            if subscribed_socket is not None and subscribed_socket in ready:
-                self.follower.read_heartbeats(now)
+            self.follower.read_heartbeats(now)   # queued beats, at every wakeup (see following.wake_socket)
             if self._wake_r in ready:
                 self._drain_wake_pipe()
             self._handle_signals(now)

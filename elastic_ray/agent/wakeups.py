@@ -6,12 +6,16 @@ the checks on its Ray node (two reads in ``/proc``), the machine's tick. So
 the loop sleeps until the earliest deadline it has (never longer than
 ``MAX_SLEEP``), and periodic work that is not urgent carries a *slack*: it
 is done up to that much early, on a wakeup that happens anyway (a heartbeat
-sent or received), instead of on a wakeup of its own. An idle worker then
-wakes about twice a second (the head's heartbeats), an idle head about
-twice a second (its own heartbeats).
+sent, the pointer read), instead of on a wakeup of its own. An idle head
+then wakes about once a second (its own heartbeat, the pointer read riding
+on it); an idle worker about once a second too (the pointer read), since
+it does not wake per heartbeat: it takes the queued beats then
+(``agent.following.wake_socket``).
 """
 
 from __future__ import annotations
+
+import math
 
 INF = float("inf")
 #: The loop looks at its Ray node, the walltime and slurmd at least this often.
@@ -27,6 +31,14 @@ def sleep_for(now: float, deadlines: tuple[float, ...]) -> float:
     return max(0.0, min(min(deadlines, default=INF) - now, MAX_SLEEP))
 
 
+def poll_ms(seconds: float) -> int:
+    """The poller's timeout in whole milliseconds, rounded *up*: ZeroMQ
+    truncates, and a loop woken a fraction of a millisecond before its
+    deadline finds nothing due and wakes again at once (measured: an idle
+    head woke 2.1 times a second for one beat a second)."""
+    return math.ceil(seconds * 1000)
+
+
 def due(now: float, at: float, slack: float = 0.0) -> bool:
     """Is work planned for ``at`` to be done at ``now``? Up to ``slack`` early."""
     return now >= at - slack
@@ -34,8 +46,9 @@ def due(now: float, at: float, slack: float = 0.0) -> bool:
 
 def pointer_slack(poll_interval: float) -> float:
     """The ``ray_head`` pointer is read at most a quarter interval early, so
-    it rides on a heartbeat wakeup (every half second) without being read at
-    every one: less than half an interval, or it would be read twice as often."""
+    it rides on a wakeup that comes anyway (a head's heartbeat) without being
+    read at every one: less than half an interval, or with wakeups every half
+    interval it would be read twice as often."""
     return poll_interval / 4
 
 

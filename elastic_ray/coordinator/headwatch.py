@@ -1,9 +1,13 @@
 """Observe the current head through its signed heartbeat.
 
-The head's agent publishes a heartbeat every 0.5 s saying whether its Ray
+The head's agent publishes a heartbeat every second saying whether its Ray
 runs and whether it drains. Subscribing to it tells a coordinator within
-about two seconds that the head is gone, with no Slurm query and no Ray
-import, which is what lets a run notice head loss with no caller waiting.
+two seconds that the head is gone, with no Slurm query and no Ray import,
+which is what lets a run notice head loss with no caller waiting. A head
+agent that dies (even by SIGKILL) is seen at once: the kernel closes its
+connection and the subscriber's link watch (``protocol.link_watch``) sees
+the drop; a head whose node vanished sends nothing, and is seen by the
+silence of its heartbeat.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 import zmq
 
 from ..protocol.channel import HeartbeatSubscriber
+from ..protocol.link_watch import link_dropped
 from ..errors import SessionDirError
 from ..protocol.recovery import pointer_to_restore
 from ..protocol.session_dir import SessionDir
@@ -71,7 +76,7 @@ class HeadWatch:
                     return
                 host = endpoint.address.rpartition(":")[0]
                 sub = HeartbeatSubscriber(f"tcp://{host}:{endpoint.ports['heartbeat']}", self.secret,
-                                          self.session_id, context=self._ctx)
+                                          self.session_id, context=self._ctx, watch_link=True)
             except (zmq.ZMQError, OSError) as exc:   # e.g. out of descriptors: no beat heard, try next time
                 log.warning("event=head_subscribe_failed head_job=%s error=%s", self._job, exc)
                 return
@@ -96,26 +101,40 @@ class HeadWatch:
                     self.dir.allocation_file)
 
     def _read(self, wait: float, until_first: bool = False) -> None:
-        """Listen up to ``wait`` s; with ``until_first``, stop at the first beat."""
-        if self._sub is None:
+        """Listen up to ``wait`` s; with ``until_first``, stop at the first
+        beat; stop at once when the head's connection drops."""
+        sub = self._sub
+        if sub is None:
             if wait > 0:
                 time.sleep(min(wait, 0.2))
             return
+        poller = zmq.Poller()
+        poller.register(sub.socket, zmq.POLLIN)
+        if sub.link is not None and sub.link.socket is not None:
+            poller.register(sub.link.socket, zmq.POLLIN)
         deadline = time.time() + wait
         while True:
-            envelope = self._sub.poll(max(0.0, deadline - time.time()))
-            if envelope is None:
-                return
-            body = envelope.body
-            if body.get("head_job") == self._job:
+            news = False
+            envelope = sub.poll(0)
+            if envelope is not None and envelope.body.get("head_job") == self._job:
+                body = envelope.body
                 changed = (bool(body.get("ray_ok")), bool(body.get("draining"))) != (self._ok, self._draining)
                 self._last_beat = time.time()
                 self._ok = bool(body.get("ray_ok"))
                 self._draining = bool(body.get("draining"))
-                if until_first or changed:
-                    return  # news: let the caller act on it now
-            if time.time() >= deadline:
-                return
+                news = until_first or changed
+            # After the beats: a dead head's last beats must not seem newer than its drop.
+            if sub.link is not None and sub.link.read(time.time()):
+                news = news or self._link_down()
+            remaining = deadline - time.time()
+            if news or remaining <= 0:
+                return   # news: let the caller act on it now
+            if envelope is None:
+                poller.poll(max(1, int(remaining * 1000)))
+
+    def _link_down(self) -> bool:
+        link = self._sub.link if self._sub is not None else None
+        return link is not None and link_dropped(link.dropped_at, self._last_beat)
 
     def observe(self, wait: float = 0.0) -> HeadObservation:
         """Current view; ``wait`` seconds are spent listening first.
@@ -132,7 +151,7 @@ class HeadWatch:
             self._read(wait, until_first=first)
             now = time.time()
             age = None if self._last_beat is None else now - self._last_beat
-            alive = age is not None and age <= self.lost_after and self._ok
+            alive = age is not None and age <= self.lost_after and self._ok and not self._link_down()
             return HeadObservation(self._job, self._address, alive, self._draining, age)
 
     def _close_sub(self) -> None:

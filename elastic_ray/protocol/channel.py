@@ -51,6 +51,7 @@ import zmq
 
 from ..errors import ElasticRayError
 from . import curve
+from .link_watch import LinkWatch
 from .frames import (
     HEARTBEAT_KIND,
     NONCE_BYTES,
@@ -338,7 +339,7 @@ class ControlClient:
 
 class HeartbeatPublisher:
     """The head agent's heartbeat: a PUB socket; the agent calls ``publish``
-    from its timer (every 0.5 s).
+    from its timer (every ``heartbeat_interval``, 1 s).
 
     Each heartbeat carries ``src`` (random, one per publisher instance) and
     ``seq`` (1, 2, 3... per instance). Subscribers refuse a seq that is not
@@ -406,9 +407,10 @@ class HeartbeatSubscriber:
     _MAX_SOURCES = 16
 
     def __init__(self, endpoint: str, secret: bytes, session_id: str, *, context: zmq.Context | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, watch_link: bool = False):
         seal(secret, session_id, HEARTBEAT_KIND, {"src": "x", "seq": 0})  # validates the key now
         self.endpoint = endpoint
+        self.link: LinkWatch | None = None   # with watch_link: a dead publisher's FIN is seen at once
         self._secret = secret
         self._session_id = session_id
         self._clock = clock
@@ -428,8 +430,12 @@ class HeartbeatSubscriber:
             if endpoint_is_ipv6(endpoint):
                 sock.setsockopt(zmq.IPV6, 1)
             sock.setsockopt(zmq.SUBSCRIBE, b"")
+            if watch_link:
+                self.link = LinkWatch(sock)
             sock.connect(endpoint)
         except BaseException:
+            if self.link is not None:
+                self.link.close()
             sock.close(linger=0)
             raise
         self._socket: zmq.Socket | None = sock
@@ -486,6 +492,8 @@ class HeartbeatSubscriber:
         return beat
 
     def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
