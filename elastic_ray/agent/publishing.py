@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from importlib import metadata
 from typing import Callable
 
 import zmq
@@ -96,6 +95,10 @@ class HeadPublishing:
 
 
 def _ray_version() -> str:
+    # Imported here: importlib.metadata (and the email package it pulls in)
+    # is needed only once Ray runs, never on the way to `ray start`.
+    from importlib import metadata
+
     try:
         return metadata.version("ray")
     except metadata.PackageNotFoundError:

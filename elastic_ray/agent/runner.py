@@ -22,6 +22,7 @@ Threads and what they share:
   hand their results to the loop through ``_events`` (machine events, or callables the
   loop runs) instead of writing loop-owned state. The one flag a helper thread sets
   is ``_status_soon`` (a ``threading.Event``: the hosted-head thread asks for a prompt status);
+- ``agent-prune`` (``agent.status``) deletes long-exited agents' status files and shares nothing;
 - the Ray nodes and their generation are guarded by ``LocalRay.lock``
   (``agent.local_ray``); the hosted head's record by ``HostedHead._lock``
   (``agent.hosted_head``).
@@ -83,7 +84,7 @@ from .rejoin_order import RejoinTurn, host_in
 from .signal_drain import DRAIN_SIGNALS, WalltimeWatch, drain_for_signal
 from .slurmd_watch import SlurmdWatch
 from .private_dirs import ensure_private_dir
-from .status import REFRESH_SECONDS, STATUS_SLACK, prune, status_path, write_status
+from .status import REFRESH_SECONDS, STATUS_SLACK, prune_in_background, status_path, write_status
 from .walltime import serves_head
 
 log = logging.getLogger("elastic_ray.agent")
@@ -193,10 +194,6 @@ class Agent:
         self._log("agent_started", control=self.control.endpoint, pid=os.getpid(), nofile=raise_nofile_limit())
         self.slurmd.start()
         self.local.remove_stale_temp_dirs()
-        try:
-            prune()
-        except (OSError, UnsafePathError) as exc:
-            log.warning("event=status_prune_failed error=%s", exc)
         self._publish_status(force_session=True)
         self._act(actions)
         if hosts_head_at_start(self.o):
@@ -205,6 +202,7 @@ class Agent:
                 self.hosted_head.request(time.time())
             except (zmq.ZMQError, OSError) as exc:   # e.g. no descriptor for the heartbeat socket
                 self._log("hosting_head_failed", error=str(exc)[:200])
+        prune_in_background()   # housekeeping, after the start is on its way
         try:
             self._loop()
         finally:
