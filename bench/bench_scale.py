@@ -46,6 +46,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -233,18 +234,31 @@ def move_head(session, worker_job: str, moves: int) -> list[dict]:
             nudge["seconds"] = time.monotonic() - t
 
         failover.nudge_agents = timed_nudge
+        switched: dict = {}
+
+        def switch() -> None:
+            try:
+                failover.switch_head(job, hosted_on_worker=False)
+            finally:
+                switched["at"] = time.monotonic()
+
+        # switch_head runs on a thread so that the agents' following is timed
+        # while the nudges are still going out (they also read the pointer on their own).
+        thread = threading.Thread(target=switch, name="bench-switch-head")
         t0 = time.monotonic()
-        failover.switch_head(job, hosted_on_worker=False)
-        t_switched = time.monotonic() - t0
+        thread.start()
         follow = joined = None
-        while time.monotonic() - t0 < 180 and joined is None:
+        while time.monotonic() - t0 < 180 and (joined is None or thread.is_alive()):
             states = session.node_states(worker_job).values()
             following = sum(1 for s in states if s.head_job == job)
             if follow is None and following >= expected:
                 follow = time.monotonic() - t0
-            if sum(1 for s in states if s.head_job == job and s.state.value == "JOINED") >= expected:
+            if joined is None and sum(1 for s in states if s.head_job == job
+                                      and s.state.value == "JOINED") >= expected:
                 joined = time.monotonic() - t0
-            time.sleep(0.05)
+            time.sleep(0.1)
+        thread.join(timeout=60)
+        t_switched = switched.get("at", time.monotonic()) - t0
         row = {"job": job, "switch": t_switched, "nudge": nudge.get("seconds"), "follow": follow, "joined": joined}
         out.append(row)
         fmt = lambda v: "n/a" if v is None else f"{v:.2f} s"  # noqa: E731

@@ -107,10 +107,12 @@ def paper(n: int, r: dict, fanout_msgs: float, fanout_bytes: float, fds: int, co
     print()
     print("f) What grows with the number of nodes, and where the next limit is (figures above; "
           f"2,000-node estimates are x{scale:g} of the linear terms, not measured)")
-    print(f"   - Head agent descriptors: {fds} at {n} followers ({per_node_fd:.1f} per follower: one heartbeat "
-          f"subscription each, plus ZeroMQ's own). At 2,000: about {per_node_fd * 2000:.0f}, above the "
-          f"common soft limit of 1024 but below this machine's {__import__('resource').getrlimit(7)[0]}; "
-          f"the agent should raise its soft RLIMIT_NOFILE to the hard limit (not done yet).")
+    soft, hard = __import__("resource").getrlimit(7)
+    print(f"   - Head agent descriptors: {fds} at {n} followers, about {per_node_fd:.2f} per follower (one TCP "
+          f"connection each to the heartbeat PUB socket; nudges and control requests add short-lived ones). "
+          f"At 2,000: about {per_node_fd * 2000:.0f}. The agent raises its soft RLIMIT_NOFILE to the hard limit "
+          f"at start (agent/limits.py), so the wall is the site's hard limit: fine at 4096 or more, but a node "
+          f"with a hard limit of 1024 stops the head agent near 1,000 followers (this machine: {soft}/{hard}).")
     print(f"   - Heartbeat fan-out: PUB sends one copy per subscriber: {fanout_msgs:.0f} msg/s, "
           f"{fanout_bytes / 1024:.0f} KiB/s at {n}; at 2,000 about {fanout_msgs * scale:.0f} msg/s, "
           f"{fanout_bytes * scale / 2**20:.1f} MiB/s plus CURVE and TCP framing: small for a NIC, "
