@@ -119,18 +119,21 @@ def paper(n: int, r: dict, fanout_msgs: float, fanout_bytes: float, fds: int, co
           f"but all of it is encrypted by the head agent's one ZeroMQ I/O thread.")
     print(f"   - Head agent CPU: {_med(cpu) * 100:.2f} % of one core at {n}; the part that grows is the "
           f"per-subscriber send and encryption in ZeroMQ's I/O thread, so roughly x{scale:g} at 2,000.")
-    print(f"   - Moving the head: the coordinator nudges agents one control request at a time "
-          f"({_med(nudge) if nudge else float('nan'):.2f} s for {n}), about "
-          f"{(_med(nudge) if nudge else 0) * scale:.0f} s at 2,000; agents also re-read the pointer every "
-          f"second on their own, so all followed within {_med(follow) if follow else float('nan'):.1f} s here.")
+    nudge_med = _med(nudge) if nudge else float("nan")
+    print(f"   - Moving the head: Failover.nudge_agents sends one control request at a time, each a new socket "
+          f"and CURVE handshake ({nudge_med:.2f} s for {n}, about {nudge_med * scale:.0f} s at 2,000), and "
+          f"switch_head waits for all of it; the agents read the pointer every second on their own (all "
+          f"followed after {_med(follow) if follow else float('nan'):.1f} s here), so at scale the sequential "
+          f"nudge is slower than none. Slow path: nudge in parallel with one deadline, or stop after ~1 s.")
     print(f"   - Session directory: one node file per node in jobs/<job>/nodes/ and two logs per node in "
           f"logs/ ({logs} entries now); 2,000 nodes put about {logs * scale:.0f} files in logs/: fine for "
           f"ext4/xfs, slow to list on Lustre/GPFS, and every `session status` reads every node file "
           f"({_med(b['nodes_read']) * 1e3:.0f} ms for {n} here, about {_med(b['nodes_read']) * scale:.1f} s at 2,000).")
-    print(f"   - allocation.json: the election path at {d['allocations']} allocations decides in "
-          f"{_med(d['phases']['decided']) * 1e3:.0f} ms, dominated by the locked write of a "
-          f"{d['bytes'] / 1024:.0f} KiB record; writes serialise on one lock ({per_write * 1e3:.0f} ms median "
-          f"each under contention, {total_e:.1f} s for {e['writers']} at once), so bursts of submissions "
-          f"queue linearly.")
+    print(f"   - allocation.json grows with allocations, not nodes: the election path at {d['allocations']} "
+          f"allocations decides in {_med(d['phases']['decided']) * 1e3:.0f} ms, most of it the locked write of "
+          f"a {d['bytes'] / 1024:.0f} KiB record (about half of a write is json.dumps(indent=2), which cannot use "
+          f"the C encoder); writes serialise on one lock ({per_write * 1e3:.0f} ms median wait+write each "
+          f"under contention, {total_e:.1f} s for {e['writers']} at once), so bursts of submissions queue "
+          f"linearly.")
     print("   - slurmctld: the session asks the scheduler once per poll for all its jobs "
           "(bench_scheduler_load.py); the number of nodes does not add queries, the number of jobs adds rows.")
