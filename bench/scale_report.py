@@ -122,9 +122,9 @@ def paper(n: int, r: dict, fanout_msgs: float, fanout_bytes: float, fds: int, co
     nudge_med = _med(nudge) if nudge else float("nan")
     print(f"   - Moving the head: Failover.nudge_agents sends one control request at a time, each a new socket "
           f"and CURVE handshake ({nudge_med:.2f} s for {n}, about {nudge_med * scale:.0f} s at 2,000), and "
-          f"switch_head waits for all of it; the agents read the pointer every second on their own (all "
+          f"switch_head waits for all of it; the agents also read the pointer on their own (all "
           f"followed after {_med(follow) if follow else float('nan'):.1f} s here), so at scale the sequential "
-          f"nudge is slower than none. Slow path: nudge in parallel with one deadline, or stop after ~1 s.")
+          f"nudge no longer speeds up the last follower. Slow path: nudge in parallel with one deadline.")
     print(f"   - Session directory: one node file per node in jobs/<job>/nodes/ and two logs per node in "
           f"logs/ ({logs} entries now); 2,000 nodes put about {logs * scale:.0f} files in logs/: fine for "
           f"ext4/xfs, slow to list on Lustre/GPFS, and every `session status` reads every node file "
