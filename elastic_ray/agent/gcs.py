@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ElasticRayError
+from . import simulation
 
 #: Time a probe needs before its first RPC (interpreter start + ``import ray``,
 #: about 0.6-1 s here); the probe's own RPC budget is the timeout minus this,
@@ -86,11 +87,14 @@ def run_probe(op: str, args: Sequence[str], timeout: float, *, env: Mapping[str,
 
     ``timeout`` bounds the whole call, interpreter start included; when it
     expires the probe is SIGKILLed and ``ProbeError(kind="timeout")`` raised.
-    ``argv_prefix`` replaces ``python -m elastic_ray.agent.gcs_probe`` (tests).
+    ``argv_prefix`` replaces ``python -m elastic_ray.agent.gcs_probe`` (tests);
+    without it, ``$ELASTIC_RAY_GCS_PROBE`` does (simulations, see :mod:`.simulation`).
     """
     if timeout <= 0:
         raise ValueError(f"timeout={timeout!r}: must be > 0")
     inner = max(1.0, timeout - STARTUP_ALLOWANCE)
+    if argv_prefix is None:
+        argv_prefix = simulation.gcs_probe_argv()
     argv = ([*argv_prefix, op, *args, f"--timeout={inner:g}"] if argv_prefix is not None
             else probe_argv(op, args, inner))
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

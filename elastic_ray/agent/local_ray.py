@@ -40,7 +40,7 @@ import psutil
 
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
-from . import gcs
+from . import gcs, simulation
 from .machine import DrainRay
 from .private_dirs import LEGACY_TEMP_ROOT, ensure_private_dir, remove_path, sweep_temp_roots, user_temp_root
 from .health_check import head_health_env
@@ -130,10 +130,12 @@ class LocalRay:
         labels = {"slurm.job-id": p.job_id, "slurm.node": p.node}
         alloc = self.allocation if isinstance(self.allocation, SlurmWorkerAllocationConfig) else None
         plan = self.memory_plan(role, hosted)
+        exe = simulation.ray_executable()   # None: this environment's ray (a stand-in only in simulations)
         if role == "head":
             cmd = build_ray_start("head", job_id=p.job_id, node_ip=p.node_ip, temp_dir=temp_dir,
                                   launcher=self.launcher, ports=ports, memory_bytes=plan.memory,
-                                  object_store_bytes=plan.object_store, labels=labels, token_path=self.token_path)
+                                  object_store_bytes=plan.object_store, labels=labels, token_path=self.token_path,
+                                  ray_executable=exe)
             # The GCS's own detector, for nodes nobody reports gone (agent.health_check).
             cmd = replace(cmd, env={**head_health_env(os.environ, self.launcher.env), **cmd.env})
         else:
@@ -142,7 +144,7 @@ class LocalRay:
                 ports=ports, allocation=alloc, head_address=head_address,
                 num_cpus=slurm_cpus_on_node(os.environ) or 1, num_gpus=worker_gpus(self.launcher, alloc),
                 memory_bytes=plan.memory, object_store_bytes=plan.object_store, labels=labels,
-                token_path=self.token_path)
+                token_path=self.token_path, ray_executable=exe)
         self._log("ray_memory", role=role, hosted=hosted, grant=plan.grant, source=plan.source, share=plan.share,
                   memory=plan.memory, object_store=plan.object_store)
         log_path = p.log_dir / f"ray-{p.job_id}-{p.node}-{role}{'-hosted' if hosted else ''}.log"
