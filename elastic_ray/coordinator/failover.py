@@ -34,7 +34,7 @@ from ..polling import wait_for
 from ..protocol.channel import ControlError
 from ..protocol.records import AllocationRecord, HostedHeadState
 from ..scheduler.base import JobInfo
-from . import election, pacing
+from . import election, nudges, pacing
 from .claims import renew_claim
 from .pacing import SchedulerLooks, SessionLooks
 from .ports import ElectingSession
@@ -228,15 +228,10 @@ class Failover:
         log.info("event=head_switched session=%s job=%s hosted_on_worker=%s", s.job_name, job, hosted_on_worker)
         self.nudge_agents(job)
 
-    def nudge_agents(self, job: str) -> None:
-        """Tell agents to read the pointer now instead of at their next poll."""
+    def nudge_agents(self, job: str) -> threading.Thread:
+        """Tell agents to read the pointer now instead of at their next poll
+        (in the background, several at once: :mod:`.nudges`)."""
         s = self.session
-        for worker_job in s.record().workers:
-            for state in s.node_states(worker_job).values():
-                if not state.control or state.exited:
-                    continue
-                try:
-                    with s.control(state.control) as client:
-                        client.request("follow", {"head_job": job}, timeout=1.0)
-                except ControlError:
-                    pass  # the agent reads the pointer on its own within a second
+        endpoints = [state.control for worker_job in s.record().workers
+                     for state in s.node_states(worker_job).values() if state.control and not state.exited]
+        return nudges.nudge(endpoints, job, s.control)
