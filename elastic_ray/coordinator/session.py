@@ -70,6 +70,9 @@ class Session:
         self._secret: bytes | None = None
         self._watch: HeadWatch | None = None
         self._head_started_at: dict[str, float] = {}
+        # Heads this process drained (their agent took the request): draining
+        # from now on, before the next heartbeat (1 s away) says so.
+        self._drained_heads: set[str] = set()
         self.supervisor: HeadSupervisor | None = None
         self.failure_watch = failures.FailureWatch(directory, self.info.job_name, resubmit=self._resubmit_worker,
                                                    claim=self.election_claim, on_ended=on_allocation_ended)
@@ -390,7 +393,11 @@ class Session:
         # The pointer and the record name the same head except inside an
         # election; the heartbeat we hold is only about the pointer's head.
         alive = obs.alive and obs.job == rec.head_job
-        return election.assess_head(rec, jobs, head_alive=alive, now=now, head_draining=obs.draining and alive,
+        # A drain shows in the next heartbeat (up to 1 s away); the agent's
+        # node file says DRAINING at once, for every process.
+        draining = alive and bool(head) and (obs.draining or head in self._drained_heads or any(
+            st.state is AgentState.DRAINING for st in self.node_states(head).values()))
+        return election.assess_head(rec, jobs, head_alive=alive, now=now, head_draining=draining,
                                     head_starting=starting)
 
     def replace_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
@@ -435,6 +442,8 @@ class Session:
                 told += 1
             except ControlError as exc:
                 log.warning("event=drain_not_delivered job=%s node=%s error=%s", job_id, node, exc)
+        if told and job_id == self.record().head_job:
+            self._drained_heads.add(job_id)
         return told
 
     def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
