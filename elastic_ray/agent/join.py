@@ -108,16 +108,22 @@ def wait_joined(node: RayNode, address: str | None, temp_dir: str, started: floa
 
 def wait_gcs_open(node: RayNode, address: str | None, deadline: float,
                   cancelled: Callable[[], bool]) -> bool | None:
-    """A hosted head is ready for workers once its GCS accepts connections: a
-    joining `ray start` needs nothing more, and publishing now overlaps the
-    workers' own start-up with the rest of the head's. True once open, False
-    if `ray start` exited or the deadline passed, None if cancelled."""
+    """A hosted head is ready for workers once its GCS accepts connections
+    and the head's `ray start` wrote the cluster's facts (session name and
+    the like) into the GCS: a joining `ray start` reads them first and, when
+    they are missing, sleeps 2 s before each new try (measured on the lab:
+    the hosting node's worker stalled 4 s that way right after a failover).
+    The head's raylet is started only after that write, so a running raylet
+    says it was done, without a GCS client here. Publishing then still
+    overlaps the workers' start-up with the rest of the head's. True once
+    ready, False if `ray start` exited or the deadline passed, None if
+    cancelled."""
     while time.time() < deadline:
         if node.poll_exit() is not None:
             break
         if cancelled():
             return None
-        if port_open(address):
+        if port_open(address) and node.raylet_pid() is not None:
             return True
         time.sleep(0.1)
     return False
