@@ -55,6 +55,7 @@ class Failover:
         self.session = session
         self.claimant = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._renewed_at = 0.0
+        self.switched_to: str | None = None   # the head this caller's own election made
 
     def replace_head(self, timeout: float, progress: Callable[[str], None] | None) -> tuple[str, str]:
         """Return ``(job id, address)`` of a healthy head, electing one first if needed."""
@@ -69,8 +70,15 @@ class Failover:
 
         def healthy_head() -> tuple[str, str] | None:
             nonlocal last, why
-            obs = s.observe_head(wait=0.3)
             rec = s.record()
+            if self.switched_to is not None and self.switched_to == rec.head_job:
+                # This caller just made it the head after seeing it ready (its
+                # GCS open, its endpoint written): hand it out now rather than
+                # wait up to a heartbeat period (1 s) for its first beat.
+                endpoint = s.dir.read_head_endpoint(rec.head_job)
+                if endpoint is not None:
+                    return rec.head_job, endpoint.address
+            obs = s.observe_head(wait=0.3)
             # The fast path: the heartbeat and the record, every poll. The
             # scheduler's answer is the session's shared one, at its pace;
             # a fresh one is asked for only before acting on it.
@@ -226,6 +234,7 @@ class Failover:
         s.dir.write_ray_head(job)
         s.note_head_started(job)
         log.info("event=head_switched session=%s job=%s hosted_on_worker=%s", s.job_name, job, hosted_on_worker)
+        self.switched_to = job
         self.nudge_agents(job)
 
     def nudge_agents(self, job: str) -> threading.Thread:
