@@ -46,6 +46,7 @@ import argparse
 import inspect
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -154,11 +155,14 @@ def job_processes(job: str) -> list[tuple[float, str]]:
 
 def phases_of(job: str, t0: float, alive_at: float) -> dict:
     """The join's phases (see the module docstring) from the job's live processes."""
+    # The batch shell exec's srun, whose argv names the step's command too:
+    # the step's processes are the ones that are not srun.
     procs = job_processes(job)
+    not_srun = lambda c: not c.split(" ", 1)[0].endswith("srun")  # noqa: E731
     first = lambda pred: next((t for t, cmd in procs if pred(cmd)), None)  # noqa: E731
     batch = first(lambda c: c.split(" ", 1)[0].endswith("srun"))
-    agent = first(lambda c: "elastic_ray.agent" in c)
-    ray_start = first(lambda c: "/ray start" in c or c.split(" ")[1:2] == ["start"] and "ray" in c.split(" ")[0])
+    agent = first(lambda c: not_srun(c) and "elastic_ray.agent" in c)
+    ray_start = first(lambda c: not_srun(c) and "/ray start" in c)
     raylet = first(lambda c: c.split(" ", 1)[0].endswith("/raylet"))
     step = agent if agent is not None else ray_start
     out = {"batch": None, "step": None, "agent": None, "ray_cli": None, "register": None}
@@ -264,8 +268,10 @@ def floor_head_run(session: Session, work: Path) -> dict:
     address = f"{_node_ip(node)}:{port}"
 
     def ready() -> bool:
+        host, _, p = address.rpartition(":")
         try:
-            infos = GcsClient(address=address, nums_reconnect_retry=0).get_all_node_info(timeout=1)
+            socket.create_connection((host, int(p)), timeout=0.5).close()
+            infos = GcsClient(address=address).get_all_node_info(timeout=1)
         except Exception:  # noqa: BLE001 - not up yet
             return False
         return any(gcs_probe._node_record(k, v, None)["state"] == "ALIVE" for k, v in infos.items())
