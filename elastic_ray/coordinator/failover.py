@@ -70,15 +70,15 @@ class Failover:
 
         def healthy_head() -> tuple[str, str] | None:
             nonlocal last, why
-            rec = s.record()
-            if self.switched_to is not None and self.switched_to == rec.head_job:
+            if self.switched_to is not None and self.switched_to == s.record().head_job:
                 # This caller just made it the head after seeing it ready (its
                 # GCS open, its endpoint written): hand it out now rather than
                 # wait up to a heartbeat period (1 s) for its first beat.
-                endpoint = s.dir.read_head_endpoint(rec.head_job)
+                endpoint = s.dir.read_head_endpoint(self.switched_to)
                 if endpoint is not None:
-                    return rec.head_job, endpoint.address
+                    return self.switched_to, endpoint.address
             obs = s.observe_head(wait=0.3)
+            rec = s.record()
             # The fast path: the heartbeat and the record, every poll. The
             # scheduler's answer is the session's shared one, at its pace;
             # a fresh one is asked for only before acting on it.

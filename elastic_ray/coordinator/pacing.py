@@ -23,8 +23,10 @@ from .election import HeadCondition
 
 #: how old a shared scheduler answer a watcher accepts (s)
 WATCH_MAX_AGE = 10.0
-#: ``elastic-ray session status``: fresh enough for a person, cheap from many shells
-STATUS_MAX_AGE = 5.0
+#: ``elastic-ray session status``: the watchers' age, so a status every second
+#: (``watch``) keeps the session at one scheduler query per 10 s; the output
+#: says how old the answer is, and ``--max-age 0`` asks afresh.
+STATUS_MAX_AGE = WATCH_MAX_AGE
 PENDING_FIRST = 2.0
 PENDING_FACTOR = 2.0
 PENDING_MAX = 30.0
