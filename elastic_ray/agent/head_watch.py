@@ -20,6 +20,7 @@ from typing import Any
 
 from ..protocol.records import HeadEndpoint
 from .machine import HeadSeen
+from ..protocol.head_status import head_serves
 
 # A silent head's GCS must answer within this long to keep the head live.
 HEAD_PROBE_TIMEOUT = 4.0
@@ -111,12 +112,6 @@ def read_pointer(watch: HeadWatch, job: str | None, now: float, lost_after: floa
     if job is None and watch.job is not None and watch.is_live(now, lost_after):
         return PointerRead.KEEP
     return PointerRead.NEW if job != watch.job else PointerRead.SAME
-
-
-def head_serves(status: dict[str, Any]) -> bool:
-    """Does a head agent's ``status`` answer say it serves a head (its own, or a hosted one)?"""
-    return ((status.get("role") == "head" and status.get("state") in ("JOINED", "DRAINING"))
-            or (status.get("hosted_head") or {}).get("state") == "READY")
 
 
 def answer_counts(watch: HeadWatch, status: dict[str, Any]) -> bool:
