@@ -23,7 +23,7 @@ from elastic_ray.protocol.records import SessionInfo
 from elastic_ray.protocol.session_dir import SessionDir
 
 FORBIDDEN = ("ray", "dagster", "dagster_pipes", "dagster_shared", "elastic_ray.coordinator", "importlib.metadata",
-             "email")
+             "email", "zmq.asyncio", "zmq.utils.monitor")
 
 PROBE = r'''
 import json, os, shutil, sys

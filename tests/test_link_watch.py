@@ -110,3 +110,16 @@ def test_a_subscriber_without_a_link_watch_has_none(ctx):
     pub = HeartbeatPublisher(SECRET, SID, "127.0.0.1", context=ctx)
     with pub, HeartbeatSubscriber(pub.endpoint, SECRET, SID, context=ctx) as sub:
         assert sub.link is None
+
+
+def test_event_of_reads_the_event_number_of_a_monitor_message():
+    import struct
+
+    import zmq
+
+    from elastic_ray.protocol.link_watch import event_of
+
+    frame = struct.pack("=HI", zmq.EVENT_DISCONNECTED, 7)
+    assert event_of([frame, b"tcp://10.0.0.1:4000"]) == zmq.EVENT_DISCONNECTED
+    assert event_of([struct.pack("=HI", zmq.EVENT_CONNECTED, 9)]) == zmq.EVENT_CONNECTED
+    assert event_of([]) is None and event_of([b"\x01"]) is None
