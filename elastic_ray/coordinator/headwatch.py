@@ -150,7 +150,8 @@ class HeadWatch:
             self._follow_pointer()
             first = self._sub is not None and self._last_beat is None
             if first and self._ask_head():
-                first = False
+                # The head's agent just answered for itself: nothing to wait for.
+                first, wait = False, 0.0
             if first:
                 wait = max(wait, self.lost_after - (time.time() - self._subscribed_at))
             self._read(wait, until_first=first)
