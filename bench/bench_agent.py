@@ -61,9 +61,11 @@ sys.path.insert(0, str(ROOT / "integration"))
 import psutil  # noqa: E402
 
 import labctl  # noqa: E402
+from integration.faults import lab_ops  # noqa: E402
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  # noqa: E402
 from elastic_ray.agent import gcs_probe  # noqa: E402
 from elastic_ray.coordinator.session import Session  # noqa: E402
+from elastic_ray.polling import wait_for  # noqa: E402
 from elastic_ray.config.launcher import RayLauncher  # noqa: E402
 
 PARTITION = "gpu-b"
@@ -107,31 +109,14 @@ class GcsWatch:
 
 
 def poll(predicate, timeout: float, interval: float = 0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError("bench: condition not met in time")
+    """The project's one polling loop (raises a TimeoutError naming the last look)."""
+    return wait_for(predicate, timeout=timeout, interval=interval, what="the bench's condition")
 
 
 def _one_state(session: Session, job: str) -> dict:
     """The one node's published state of a single-node job, as written; {} until there is one."""
     state = next(iter(session.node_states(job).values()), None)
     return state.to_dict() if state is not None else {}
-
-
-_BOOT = time.time() - float(Path("/proc/uptime").read_text().split()[0])
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _started(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return _BOOT + int(fields[19]) / _TICK
 
 
 def job_processes(job: str) -> list[tuple[float, str]]:
@@ -147,7 +132,7 @@ def job_processes(job: str) -> list[tuple[float, str]]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        t = _started(int(entry))
+        t = lab_ops.started_at(int(entry))
         if t is not None:
             found.append((t, " ".join(a for a in argv if a)))
     return sorted(found)

@@ -45,16 +45,12 @@ from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  #
 from elastic_ray.config.launcher import RayLauncher  # noqa: E402
 from elastic_ray.coordinator.headwatch import HeadWatch  # noqa: E402
 from elastic_ray.coordinator.session import Session  # noqa: E402
+from elastic_ray.polling import wait_for  # noqa: E402
 
 
 def poll(predicate, timeout: float, interval: float = 0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError("bench: condition not met in time")
+    """The project's one polling loop (raises a TimeoutError naming the last look)."""
+    return wait_for(predicate, timeout=timeout, interval=interval, what="the bench's condition")
 
 
 def one_state(session: Session, job: str) -> dict:

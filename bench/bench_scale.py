@@ -65,6 +65,7 @@ from scale_report import STANDIN, report  # noqa: E402
 
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  # noqa: E402
 from elastic_ray.agent.simulation import GCS_PROBE_ENV, RAY_EXECUTABLE_ENV  # noqa: E402
+from elastic_ray.polling import wait_for  # noqa: E402
 from elastic_ray.config.launcher import RayLauncher  # noqa: E402
 from elastic_ray.protocol import curve  # noqa: E402
 from elastic_ray.scheduler.local import LocalCluster, LocalScheduler  # noqa: E402
@@ -79,13 +80,8 @@ def log(text: str = "") -> None:
 
 
 def wait(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"bench: {what} not reached within {timeout:.0f} s")
+    """The project's one polling loop (raises a TimeoutError naming ``what``)."""
+    return wait_for(predicate, timeout=timeout, interval=interval, what=what)
 
 
 def cluster(nodes: int) -> LocalCluster:

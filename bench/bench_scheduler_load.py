@@ -116,6 +116,12 @@ def busy(session: Session, sched: LocalScheduler, pending: str, counter: Counter
             threads.append(threading.Thread(target=target, daemon=True))
             threads[-1].start()
     time.sleep(2.0)   # the drivers' replace_head and launch are not part of the steady state
+    return _measure_then_end(counter, seconds, threads, lasting, opened)
+
+
+def _measure_then_end(counter: Counter, seconds: float, threads: list[threading.Thread], lasting: float,
+                      opened: list[Session]) -> float:
+    """Measure the rate while ``threads`` run, then let them end and close their sessions."""
     rate = measure(counter, seconds)
     for t in threads:
         t.join(lasting + 30)
@@ -166,12 +172,7 @@ def failover_waits(session: Session, sched: LocalScheduler, pending: str, counte
     threads = [threading.Thread(target=elector, daemon=True) for _ in range(ELECTORS)]
     for t in threads:
         t.start()
-    rate = measure(counter, seconds)
-    for t in threads:
-        t.join(lasting + 30)
-    for s in opened:
-        s.close()
-    return rate
+    return _measure_then_end(counter, seconds, threads, lasting, opened)
 
 
 def removal(session: Session, counter: Counter) -> tuple[int, float, str]:

@@ -70,9 +70,6 @@ class Session:
         self._secret: bytes | None = None
         self._watch: HeadWatch | None = None
         self._head_started_at: dict[str, float] = {}
-        # Heads this process drained (their agent took the request): draining
-        # from now on, before the next heartbeat (1 s away) says so.
-        self._drained_heads: set[str] = set()
         self.supervisor: HeadSupervisor | None = None
         self.failure_watch = failures.FailureWatch(directory, self.info.job_name, resubmit=self._resubmit_worker,
                                                    claim=self.election_claim, on_ended=on_allocation_ended)
@@ -394,8 +391,9 @@ class Session:
         # election; the heartbeat we hold is only about the pointer's head.
         alive = obs.alive and obs.job == rec.head_job
         # A drain shows in the next heartbeat (up to 1 s away); the agent's
-        # node file says DRAINING at once, for every process.
-        draining = alive and bool(head) and (obs.draining or head in self._drained_heads or any(
+        # node file says DRAINING at once (written before it answers the
+        # drain request), for every process.
+        draining = alive and bool(head) and (obs.draining or any(
             st.state is AgentState.DRAINING for st in self.node_states(head).values()))
         return election.assess_head(rec, jobs, head_alive=alive, now=now, head_draining=draining,
                                     head_starting=starting)
@@ -442,8 +440,6 @@ class Session:
                 told += 1
             except ControlError as exc:
                 log.warning("event=drain_not_delivered job=%s node=%s error=%s", job_id, node, exc)
-        if told and job_id == self.record().head_job:
-            self._drained_heads.add(job_id)
         return told
 
     def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,

@@ -68,17 +68,18 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+# The boot time to 10 ms (now minus /proc/uptime); /proc/stat's btime is whole
+# seconds, too coarse for the phases bench/bench_agent.py reads from it.
+_BOOT = time.time() - float(Path("/proc/uptime").read_text().split()[0])
 
 
 def started_at(pid: int) -> float | None:
     """A process's start as a Unix time (from /proc/<pid>/stat and the boot time)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(float(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines()
-                    if ln.startswith("btime "))
-    except (OSError, IndexError, StopIteration, ValueError):
+    except (OSError, IndexError):
         return None
-    return boot + int(fields[19]) / _TICKS
+    return _BOOT + int(fields[19]) / _TICKS
 
 
 def session_processes(job_ids: set[str], since: float = 0.0) -> list[Proc]:
