@@ -54,6 +54,20 @@ POLL_INTERVAL = 0.5
 
 
 class Session:
+    """One run, seen from one process: its head, its worker allocations, its payload drivers.
+
+    Make one with ``create`` (a new run: writes the session directory and
+    submits the head) or ``open`` (an existing run, from any process: a
+    restarted supervisor, a payload step, a shell). Every process that holds a
+    ``Session`` on the same directory sees the same state, because nothing
+    lives only in memory: the record is ``allocation.json``, changed under its
+    compare-and-swap, and Slurm is asked about all the session's jobs in one
+    query. With ``supervise`` (the default of ``create`` and ``open``) the
+    process also watches the head and elects a new one when it is lost.
+    ``close`` stops this process's watching; the jobs keep running until
+    ``teardown``.
+    """
+
     def __init__(self, directory: SessionDir, scheduler: Scheduler | None = None, *,
                  claim_period: float = election.DEFAULT_CLAIM_PERIOD, supervise: bool = False,
                  supervise_interval: float = 30.0, on_allocation_ended: failures.OnAllocationEnded | None = None):

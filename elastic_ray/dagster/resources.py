@@ -232,5 +232,10 @@ def _session_resource_fields() -> dict[str, Any]:
 SlurmSessionResource = pydantic.create_model("SlurmSessionResource", __base__=_SessionResourceBase,
                                              __module__=__name__, **_session_resource_fields())
 SlurmSessionResource.__doc__ = _SessionResourceBase.__doc__
+"""The run's session configured field by field: the fields of
+``SlurmRunAllocationConfig`` (the head, or the run's
+first allocation) plus ``ray_head_only``, ``worker_allocation``, ``mode``,
+``launcher``, ``session_root`` and ``head_timeout``. Generated from the core
+config, so it has exactly its fields and checks."""
 
 __all__ = ["ComputeResource", "SlurmResource", "SlurmSessionResource"]
