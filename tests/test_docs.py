@@ -302,7 +302,7 @@ def _mkdocs() -> str | None:
                                               "scripts/bootstrap installs it, so CI runs this)")
 def test_site_builds_strict(tmp_path: Path) -> None:
     env = _env() | {"NO_MKDOCS_2_WARNING": "1"}
-    run = subprocess.run([_mkdocs(), "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+    run = subprocess.run([_mkdocs(), "build", "--strict", "--site-dir", str(tmp_path / "site")],
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "site" / "api" / "session" / "index.html").exists()
