@@ -29,6 +29,7 @@ from ..config import (
 )
 from ..errors import AllocationFailed, ConfigError, SlurmAllocationEnded
 from ..config.launcher import RayLauncher
+from ..config.scheduler_choice import scheduler_kind
 from ..polling import wait_for
 from ..protocol.channel import ControlClient, ControlError
 from ..protocol.records import AgentState, NodeState
@@ -107,7 +108,7 @@ class Session:
         path: str | Path,
         *,
         head: SlurmRunAllocationConfig,
-        scheduler: str | Scheduler = "local",
+        scheduler: str | Scheduler | None = None,
         launcher: RayLauncher | None = None,
         ray_head_only: bool = True,
         worker_allocation: SlurmWorkerAllocationConfig | None = None,
@@ -121,6 +122,8 @@ class Session:
         """Create the session directory and submit the head (and the first worker).
 
         Returns on submission; ``wait_for_head`` waits for the head to be ready.
+        ``scheduler``: ``"slurm"``, ``"local"`` or a Scheduler; None takes
+        $ELASTIC_RAY_SCHEDULER (see :mod:`..config.scheduler_choice`).
         """
         if not isinstance(head, SlurmRunAllocationConfig):
             raise ConfigError("head", head, "must be a SlurmRunAllocationConfig")
@@ -143,12 +146,9 @@ class Session:
         if isinstance(scheduler, Scheduler):
             sched_obj, kind = scheduler, scheduler.kind
             state_dir = getattr(scheduler, "state_dir", None)
-        elif scheduler in ("local", "slurm"):
-            kind = scheduler
-            state_dir = Path(local_state_dir).absolute() if local_state_dir else path / "local-scheduler"
-            sched_obj = None
         else:
-            raise ConfigError("scheduler", scheduler, "must be 'local', 'slurm' or a Scheduler")
+            kind, sched_obj = scheduler_kind(scheduler), None
+            state_dir = Path(local_state_dir).absolute() if local_state_dir else path / "local-scheduler"
         sched_info: dict[str, Any] = {"kind": kind}
         if kind == "local":
             sched_info["state_dir"] = str(state_dir)
