@@ -36,7 +36,7 @@ from ..protocol.records import AgentState, NodeState
 from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
 from ..protocol.session_dir import SessionDir
 from ..ray_auth import launcher_warnings
-from ..scheduler.base import JobInfo, Scheduler, current_user
+from ..scheduler.base import JobInfo, Scheduler, current_user, state_text
 from ..scheduler.factory import make_scheduler
 from . import election, failures, removal, submit
 from .claims import ClaimOutcome, election_claim
@@ -261,10 +261,10 @@ class Session:
     def wait_for_head(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> str:
         """Wait until the current head has published its endpoint; returns its address (Slurm: ``SchedulerLooks``)."""
         head: str | None = None
-        looks = SchedulerLooks(self.jobs.known)
+        text, looks = "", SchedulerLooks(self.jobs.known)
 
         def address() -> str | None:
-            nonlocal head
+            nonlocal head, text
             head = self.dir.read_ray_head()
             if head is not None:
                 endpoint = self.dir.read_head_endpoint(head)
@@ -274,12 +274,14 @@ class Session:
                 if info is not None and info.state.is_final:
                     raise AllocationFailed(f"head job {head} ended {info.state.value} before it was ready; "
                                            f"{log_tail(self.dir.log_dir, head, 'head')}", state=info.state.value, job_id=head)
+                text = f"head {head}: {state_text(info)}"
                 if progress:
-                    progress(f"head {head}: {info.state.value if info else '?'}")
+                    progress(text)
             return None
 
         return wait_for(address, timeout=timeout, interval=POLL_INTERVAL, error=lambda _: TimeoutError(
-            f"no ready head within {timeout:.0f}s; {log_tail(self.dir.log_dir, head, 'head')}"))  # type: ignore[return-value]
+            f"no ready head within {timeout:.0f}s ({text or 'no head job named'}); "
+            f"{log_tail(self.dir.log_dir, head, 'head')}"))  # type: ignore[return-value]
 
     # ------------------------------------------------------------ workers
     def _parent_configs(self, rec: AllocationRecord) -> tuple[SlurmRunAllocationConfig | None, SlurmRunAllocationConfig]:
@@ -345,7 +347,7 @@ class Session:
                 raise AllocationFailed(f"worker allocation {job_id} ended {info.state.value} with "
                                        f"{len(joined)}/{wanted} nodes joined; {log_tail(self.dir.log_dir, job_id, 'worker')}",
                                        state=info.state.value, job_id=job_id)
-            last, text = text, f"job {job_id}: {info.state.value if info else '?'}, {len(joined)}/{wanted} nodes joined"
+            last, text = text, f"job {job_id}: {state_text(info)}, {len(joined)}/{wanted} nodes joined"
             if progress and text != last:
                 progress(text)
             return None
