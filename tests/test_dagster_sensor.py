@@ -36,9 +36,10 @@ def test_orphan_sensor_ends_a_dead_runs_jobs_and_spares_a_waiting_one(session_ro
     dead_run, waiting_run = ended_run(instance), ended_run(instance)
 
     # The dead run left its head running.
-    dead = Session.create(session_root / dead_run, head=HEAD, launcher=launcher, supervise=False)
+    dead = Session.create(session_root / dead_run, head=HEAD, scheduler="local", launcher=launcher, supervise=False)
     # The other run's head ended while its worker allocation runs, waiting for a new head.
-    waiting = Session.create(session_root / waiting_run, head=HEAD, launcher=launcher, supervise=False)
+    waiting = Session.create(session_root / waiting_run, head=HEAD, scheduler="local", launcher=launcher,
+                             supervise=False)
     worker = waiting.add_worker_allocation(SlurmWorkerAllocationConfig(partition="gpu-b", cpus_per_task=1))
     waiting.scheduler.cancel(waiting.record().head_job)
     wait_until(lambda: states(waiting) == {waiting.record().head_job: "CANCELLED", worker.job_id: "RUNNING"},

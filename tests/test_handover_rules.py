@@ -114,7 +114,7 @@ def test_a_separate_head_allocation_has_one_node():
 
 def test_session_create_refuses_a_multi_node_separate_head_before_submitting(tmp_path):
     with pytest.raises(ConfigError, match="num_nodes") as refused:
-        Session.create(tmp_path / "s", head=TWO_NODE_HEAD, ray_head_only=True, supervise=False)
+        Session.create(tmp_path / "s", head=TWO_NODE_HEAD, scheduler="local", ray_head_only=True, supervise=False)
     assert "exactly one node" in str(refused.value)
     assert not (tmp_path / "s").exists(), "nothing is created or submitted for a refused config"
 

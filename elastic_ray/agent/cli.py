@@ -8,7 +8,6 @@ environment so a batch script stays one line.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import sys
 from pathlib import Path
@@ -19,25 +18,19 @@ from .. import __version__
 from ..errors import ElasticRayError
 
 
-def resolve_node_ip(hostname: str) -> str:
-    """The address other nodes reach this node on.
+def node_address(session_dir: Path, node: str) -> str:
+    """This node's address from the run's launcher (see :mod:`.node_address`);
+    a one-line error naming the node and what failed when it cannot."""
+    from ..config.launcher import RayLauncher
+    from ..protocol.session_dir import SessionDir
+    from .node_address import resolve_node_address
 
-    ``ELASTIC_RAY_NODE_IP`` wins (the local scheduler sets it); otherwise the
-    first non-loopback address of the host name. 127.0.0.1 is refused
-    because Ray silently rewrites it to another interface.
-    """
-    configured = os.environ.get("ELASTIC_RAY_NODE_IP")
-    if configured:
-        return configured
     try:
-        infos = socket.getaddrinfo(hostname, None, socket.AF_INET)
-    except socket.gaierror as exc:
-        raise click.UsageError(f"--node-ip: cannot resolve {hostname!r} ({exc}); pass --node-ip") from None
-    addresses = [info[4][0] for info in infos]
-    for address in addresses:
-        if not address.startswith("127."):
-            return address
-    raise click.UsageError(f"--node-ip: {hostname!r} resolves only to loopback {addresses}; pass --node-ip")
+        launcher = RayLauncher.from_dict(SessionDir.open(session_dir).info().launcher)
+        return resolve_node_address(node, network_interface=launcher.network_interface,
+                                    node_ip_address_command=launcher.node_ip_address_command)
+    except (ElasticRayError, ValueError, OSError) as exc:
+        raise click.ClickException(f"cannot start the agent: {exc}") from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -54,7 +47,8 @@ def main() -> None:
 @click.option("--spec", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="The worker allocation's config (written by the coordinator before submission).")
 @click.option("--node", envvar="SLURMD_NODENAME", default=None, help="Node name [$SLURMD_NODENAME, else host name].")
-@click.option("--node-ip", default=None, help="Address of this node [$ELASTIC_RAY_NODE_IP, else resolved].")
+@click.option("--node-ip", default=None, help="Address of this node [the launcher's network_interface or node_ip_address_command, "
+                   "else $ELASTIC_RAY_NODE_IP, else the host name's].")
 @click.option("--node-index", envvar="SLURM_NODEID", type=click.IntRange(min=0), default=0,
               help="Index of this node in the allocation [$SLURM_NODEID].")
 @click.option("--poll-interval", envvar="ELASTIC_AGENT_POLL_INTERVAL", type=click.FloatRange(min=0.05), default=1.0)
@@ -79,7 +73,7 @@ def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str 
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     node = node or socket.gethostname()
-    node_ip = node_ip or resolve_node_ip(node)
+    node_ip = node_ip or node_address(session_dir, node)
     log_file = session_dir / "logs" / f"agent-{job_id}-{node}.log"
     _setup_logging(log_file)
     click.echo(f"elastic-agent {__version__}: job {job_id} node {node} ({node_ip}) role {role}; log: {log_file}",

@@ -7,6 +7,7 @@ session.json and read by each agent.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -14,12 +15,15 @@ from types import MappingProxyType
 from typing import Any
 
 from .allocation import check_ray_start_args
-from .shell_check import check_pre_start_commands
+from .shell_check import check_pre_start_commands, check_shell_command
 from ..errors import ConfigError
 
 PORT_STRATEGIES = ("random", "hash_jobid", "fixed")
 AUTH_MODES = ("disabled", "token")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Linux allows up to 15 bytes, no '/', no whitespace; ':' and '@' show up in
+# alias and VLAN names.
+_INTERFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 # Environment the agent sets itself; a launcher value would be overwritten
 # or, worse, would break the agent's control of Ray.
 # RAY_AUTH_TOKEN(_PATH): the session's token reaches Ray through a file the
@@ -47,6 +51,17 @@ class RayLauncher:
     with Ray's token authentication, the token derived from the session
     secret (``elastic_ray.ray_auth``); ``disabled`` lets anyone who reaches
     the nodes' Ray ports run code, and is logged as a warning.
+
+    ``python_executable``: the interpreter that runs the agent (and so Ray)
+    on every node, an absolute path as the nodes see it (not checked here:
+    the submitting host may not have it); None: the interpreter that
+    submits, which suits a venv on a shared filesystem.
+    The address Ray binds to on each node, at most one of:
+    ``network_interface`` (an interface name such as ``ib0``; each agent
+    takes that interface's IPv4 address on its node) or
+    ``node_ip_address_command`` (one line of shell the agent runs on its
+    node; the first line it prints is the address; checked with ``bash -n``
+    here). Neither: the address the node's host name resolves to.
     ``redis_password`` is accepted for old configurations but never passed
     to Ray (Ray would put it on command lines); setting it logs a warning.
     """
@@ -61,6 +76,9 @@ class RayLauncher:
     ray_start_args: tuple[str, ...] = ()
     include_dashboard: bool = False
     object_store_memory: int | None = None
+    python_executable: str | None = None
+    network_interface: str | None = None
+    node_ip_address_command: str | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda n, v: object.__setattr__(self, n, v)  # noqa: E731 - frozen dataclass
@@ -105,6 +123,26 @@ class RayLauncher:
                 or self.object_store_memory < 78643200):
             raise ConfigError("object_store_memory", self.object_store_memory,
                               "must be a whole number of bytes, at least 75 MiB (Ray's minimum)")
+        self._check_node_fields()
+
+    def _check_node_fields(self) -> None:
+        """The per-node interpreter and address settings (see the class docstring)."""
+        python = self.python_executable
+        if python is not None and (not isinstance(python, str) or not os.path.isabs(python)
+                                   or any(c in python for c in "\x00\n\r")):
+            raise ConfigError("python_executable", python, "must be an absolute path (as the nodes see it)")
+        interface = self.network_interface
+        if interface is not None and (not isinstance(interface, str) or not _INTERFACE.fullmatch(interface)):
+            raise ConfigError("network_interface", interface,
+                              "must be a network interface name such as ib0 or eth0 (no blanks or slashes)")
+        command = self.node_ip_address_command
+        if command is not None:
+            if not isinstance(command, str) or not command.strip() or any(c in command for c in "\x00\n\r"):
+                raise ConfigError("node_ip_address_command", command, "must be one non-empty line of shell")
+            if interface is not None:
+                raise ConfigError("node_ip_address_command", command,
+                                  f"cannot be set together with network_interface={interface!r}; choose one")
+            check_shell_command("node_ip_address_command", command)   # bash -n
 
     @property
     def can_host_elected_head(self) -> bool:

@@ -36,14 +36,15 @@ _HEREDOC = re.compile(r"here-document at line (\d+)")
 _SENTINEL = "\n(\n"
 
 
-def _bash_n(bash: str, directory: str, script: str) -> tuple[int, str]:
-    """``bash -n`` on ``script``: its exit code and its messages."""
-    path = os.path.join(directory, FIELD)
+def _bash_n(bash: str, directory: str, script: str, name: str = FIELD) -> tuple[int, str]:
+    """``bash -n`` on ``script`` (in a file called ``name``, which bash's
+    messages start with): its exit code and its messages."""
+    path = os.path.join(directory, name)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(script)
     # A bare environment: no BASH_ENV to source, English messages to match.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
-    proc = subprocess.run([bash, "-n", FIELD], cwd=directory, env=env, capture_output=True, text=True,
+    proc = subprocess.run([bash, "-n", name], cwd=directory, env=env, capture_output=True, text=True,
                           timeout=30, stdin=subprocess.DEVNULL)
     return proc.returncode, proc.stderr.strip()
 
@@ -90,3 +91,22 @@ def check_pre_start_commands(commands: tuple[str, ...]) -> None:
             raise ConfigError(FIELD, list(commands),
                               "swallows the lines that follow it (a here-document?), the agent's launch line "
                               f"included{f' (bash: {message})' if message else ''}")
+
+
+@functools.lru_cache(maxsize=64)
+def check_shell_command(field: str, command: str) -> None:
+    """Raise ConfigError naming ``field`` when bash cannot parse ``command``.
+
+    For a single command the agent runs itself on every node (e.g.
+    ``node_ip_address_command``, run with ``bash -c``): a typo should fail
+    when the config is made, not on a node after the job left the queue.
+    ``field`` is a plain identifier (it names the file bash reads).
+    """
+    bash = shutil.which("bash")
+    if bash is None:
+        log.warning("event=shell_command_unchecked field=%s reason='no bash on this host'", field)
+        return
+    with tempfile.TemporaryDirectory(prefix="er-shcheck-") as directory:
+        code, message = _bash_n(bash, directory, command + "\n", name=field)
+    if code != 0:
+        raise ConfigError(field, command, f"bash cannot parse it: {message}")

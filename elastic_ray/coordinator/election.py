@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar, Union
 
 from ..protocol.records import AllocationRecord, ElectionClaim, WorkerRecord, check_job_id
-from ..scheduler.base import JobInfo, JobState
+from ..scheduler.base import JobInfo, JobState, state_text
 
 #: A claim whose elector died blocks the next election this long (seconds).
 DEFAULT_CLAIM_PERIOD = 120.0
@@ -322,7 +322,7 @@ def assess_head(record: AllocationRecord, jobs: Mapping[str, JobInfo], *, head_a
     if state.is_final or state is JobState.COMPLETING:
         return HeadAssessment(HeadCondition.JOB_ENDED, f"head job {head} is {state.value}")
     if state is JobState.PENDING:
-        return HeadAssessment(HeadCondition.QUEUED, f"head job {head} is still PENDING")
+        return HeadAssessment(HeadCondition.QUEUED, f"head job {head} is still {state_text(info)}")
     if state is JobState.SUSPENDED:
         return HeadAssessment(HeadCondition.SUSPENDED,
                               f"head job {head} is SUSPENDED; it keeps its nodes and resumes")

@@ -29,13 +29,14 @@ from ..config import (
 )
 from ..errors import AllocationFailed, ConfigError, SlurmAllocationEnded
 from ..config.launcher import RayLauncher
+from ..config.scheduler_choice import scheduler_kind
 from ..polling import wait_for
 from ..protocol.channel import ControlClient, ControlError
 from ..protocol.records import AgentState, NodeState
 from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
 from ..protocol.session_dir import SessionDir
 from ..ray_auth import launcher_warnings
-from ..scheduler.base import JobInfo, Scheduler, current_user
+from ..scheduler.base import JobInfo, Scheduler, current_user, state_text
 from ..scheduler.factory import make_scheduler
 from . import election, failures, removal, submit
 from .claims import ClaimOutcome, election_claim
@@ -121,7 +122,7 @@ class Session:
         path: str | Path,
         *,
         head: SlurmRunAllocationConfig,
-        scheduler: str | Scheduler = "local",
+        scheduler: str | Scheduler | None = None,
         launcher: RayLauncher | None = None,
         ray_head_only: bool = True,
         worker_allocation: SlurmWorkerAllocationConfig | None = None,
@@ -135,6 +136,8 @@ class Session:
         """Create the session directory and submit the head (and the first worker).
 
         Returns on submission; ``wait_for_head`` waits for the head to be ready.
+        ``scheduler``: ``"slurm"``, ``"local"`` or a Scheduler; None takes
+        $ELASTIC_RAY_SCHEDULER (see :mod:`..config.scheduler_choice`).
         """
         if not isinstance(head, SlurmRunAllocationConfig):
             raise ConfigError("head", head, "must be a SlurmRunAllocationConfig")
@@ -157,12 +160,9 @@ class Session:
         if isinstance(scheduler, Scheduler):
             sched_obj, kind = scheduler, scheduler.kind
             state_dir = getattr(scheduler, "state_dir", None)
-        elif scheduler in ("local", "slurm"):
-            kind = scheduler
-            state_dir = Path(local_state_dir).absolute() if local_state_dir else path / "local-scheduler"
-            sched_obj = None
         else:
-            raise ConfigError("scheduler", scheduler, "must be 'local', 'slurm' or a Scheduler")
+            kind, sched_obj = scheduler_kind(scheduler), None
+            state_dir = Path(local_state_dir).absolute() if local_state_dir else path / "local-scheduler"
         sched_info: dict[str, Any] = {"kind": kind}
         if kind == "local":
             sched_info["state_dir"] = str(state_dir)
@@ -275,10 +275,10 @@ class Session:
     def wait_for_head(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> str:
         """Wait until the current head has published its endpoint; returns its address (Slurm: ``SchedulerLooks``)."""
         head: str | None = None
-        looks = SchedulerLooks(self.jobs.known)
+        text, looks = "", SchedulerLooks(self.jobs.known)
 
         def address() -> str | None:
-            nonlocal head
+            nonlocal head, text
             head = self.dir.read_ray_head()
             if head is not None:
                 endpoint = self.dir.read_head_endpoint(head)
@@ -288,12 +288,14 @@ class Session:
                 if info is not None and info.state.is_final:
                     raise AllocationFailed(f"head job {head} ended {info.state.value} before it was ready; "
                                            f"{log_tail(self.dir.log_dir, head, 'head')}", state=info.state.value, job_id=head)
+                text = f"head {head}: {state_text(info)}"
                 if progress:
-                    progress(f"head {head}: {info.state.value if info else '?'}")
+                    progress(text)
             return None
 
         return wait_for(address, timeout=timeout, interval=POLL_INTERVAL, error=lambda _: TimeoutError(
-            f"no ready head within {timeout:.0f}s; {log_tail(self.dir.log_dir, head, 'head')}"))  # type: ignore[return-value]
+            f"no ready head within {timeout:.0f}s ({text or 'no head job named'}); "
+            f"{log_tail(self.dir.log_dir, head, 'head')}"))  # type: ignore[return-value]
 
     # ------------------------------------------------------------ workers
     def _parent_configs(self, rec: AllocationRecord) -> tuple[SlurmRunAllocationConfig | None, SlurmRunAllocationConfig]:
@@ -359,7 +361,7 @@ class Session:
                 raise AllocationFailed(f"worker allocation {job_id} ended {info.state.value} with "
                                        f"{len(joined)}/{wanted} nodes joined; {log_tail(self.dir.log_dir, job_id, 'worker')}",
                                        state=info.state.value, job_id=job_id)
-            last, text = text, f"job {job_id}: {info.state.value if info else '?'}, {len(joined)}/{wanted} nodes joined"
+            last, text = text, f"job {job_id}: {state_text(info)}, {len(joined)}/{wanted} nodes joined"
             if progress and text != last:
                 progress(text)
             return None

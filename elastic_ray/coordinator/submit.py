@@ -2,9 +2,10 @@
 
 Pure apart from writing the worker spec file: what runs on each node is
 ``python -m elastic_ray.agent run --session DIR --role ROLE [--spec FILE]``
-with the interpreter of this very environment (the session directory and
-the environment are on a filesystem every node sees), so a batch script
-never depends on what PATH holds on a compute node.
+with the launcher's ``python_executable``, else the interpreter of this very
+environment (the session directory and the environment are on a filesystem
+every node sees), so a batch script never depends on what PATH holds on a
+compute node.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def agent_env(launcher: RayLauncher, environ: Mapping[str, str] | None = None) -
 
 def head_spec(session: SessionDir, job_name: str, head: SlurmRunAllocationConfig,
               launcher: RayLauncher) -> JobSpec:
-    return JobSpec(job_name=job_name, role="head", allocation=head, node_argv=agent_argv(session, "head"),
+    return JobSpec(job_name=job_name, role="head", allocation=head,
+                   node_argv=agent_argv(session, "head", python=launcher.python_executable),
                    workdir=session.path, output=str(session.log_dir / "head-%j.out"),
                    env=agent_env(launcher), pre_start_commands=launcher.pre_start_commands)
 
@@ -71,8 +73,8 @@ def write_worker_spec(session: SessionDir, config: SlurmWorkerAllocationConfig, 
 def worker_spec(session: SessionDir, job_name: str, config: SlurmWorkerAllocationConfig,
                 launcher: RayLauncher, spec_path: Path) -> JobSpec:
     return JobSpec(job_name=job_name, role="worker", allocation=config,
-                   node_argv=agent_argv(session, "worker", spec_path), workdir=session.path,
-                   output=str(session.log_dir / "worker-%j.out"), env=agent_env(launcher),
+                   node_argv=agent_argv(session, "worker", spec_path, python=launcher.python_executable),
+                   workdir=session.path, output=str(session.log_dir / "worker-%j.out"), env=agent_env(launcher),
                    pre_start_commands=launcher.pre_start_commands)
 
 

@@ -19,6 +19,8 @@ from pydantic import Field, PrivateAttr
 
 from ..config import SlurmRunAllocationConfig as CoreRunAllocation
 from ..config.launcher import RayLauncher as CoreRayLauncher
+from ..config.scheduler_choice import SCHEDULER_ENV, scheduler_kind
+from ..errors import ConfigError
 from ..config.queue import RunLayout, SlurmQueue, plan_run_layout, plan_session_layout
 from ..coordinator.session import Head, WorkerAllocation
 from .configs import (
@@ -63,11 +65,17 @@ class _RunScoped:
 
     _run_session: Optional[RunSession]
 
-    def _open(self, context: Any, layout: RunLayout, scheduler: str, launcher: CoreRayLauncher,
+    def scheduler_kind(self) -> str:
+        """``mode``, else $ELASTIC_RAY_SCHEDULER: read when a run opens its
+        session, so one definition serves a laptop and the cluster; neither
+        is a ConfigError naming ``mode`` that says both ways."""
+        return scheduler_kind(getattr(self, "mode"), field="mode")
+
+    def _open(self, context: Any, layout: RunLayout, launcher: CoreRayLauncher,
               queue: SlurmQueue, root: Optional[str], heal_timeout: float) -> RunSession:
         if self._run_session is None:
             self._run_session = open_or_create(session_root(root), run_key(context), layout=layout,
-                                               scheduler=scheduler, launcher=launcher, queue=queue,
+                                               scheduler=self.scheduler_kind(), launcher=launcher, queue=queue,
                                                heal_timeout=heal_timeout)
         return self._run_session
 
@@ -88,10 +96,13 @@ class ComputeResource(dagster.ConfigurableResource, _RunScoped):
     """Run assets' Ray payloads on a run-scoped elastic Ray cluster.
 
     ``mode="slurm"`` submits to Slurm; ``mode="local"`` uses the embedded
-    local scheduler (no Slurm needed), with the same code above it.
+    local scheduler (no Slurm needed), with the same code above it. Unset,
+    ``$ELASTIC_RAY_SCHEDULER`` chooses when a run opens its session.
     """
 
-    mode: Literal["slurm", "local"] = Field(description="'slurm' (real Slurm) or 'local' (embedded scheduler).")
+    mode: Optional[str] = Field(
+        default=None, description=f"'slurm' (real Slurm) or 'local' (embedded scheduler); unset: ${SCHEDULER_ENV} "
+                                  "of the process that opens the run's session (an error if that is unset too).")
     slurm: Optional[SlurmResource] = Field(default=None, description="Queue defaults (required for mode='slurm').")
     allocation_scope: Literal["run"] = Field(default="run", description="Only 'run': one session per Dagster run.")
     default_launcher: RayLauncher = Field(default_factory=RayLauncher, description="How Ray starts on every node.")
@@ -111,6 +122,8 @@ class ComputeResource(dagster.ConfigurableResource, _RunScoped):
 
     @pydantic.model_validator(mode="after")
     def _check_layout(self) -> "ComputeResource":
+        if self.mode is not None:
+            scheduler_kind(self.mode, field="mode")   # 'slurm' or 'local' (Dagster has no Optional[Literal])
         if self.mode == "slurm" and self.slurm is None:
             raise ValueError("slurm: required for mode='slurm' (SlurmResource(queue=SlurmQueueConfig(...)))")
         self.layout()  # ConfigError naming e.g. ray_head_allocation.partition
@@ -122,9 +135,16 @@ class ComputeResource(dagster.ConfigurableResource, _RunScoped):
                                None if self.ray_head_allocation is None else self.ray_head_allocation.to_core(),
                                _queue_of(self.slurm))
 
+    def scheduler_kind(self) -> str:
+        kind = super().scheduler_kind()
+        if kind == "slurm" and self.slurm is None:   # a mode from the environment, checked here
+            raise ConfigError("slurm", None, f"required for mode='slurm' (from ${SCHEDULER_ENV}): "
+                                             "SlurmResource(queue=SlurmQueueConfig(...))")
+        return kind
+
     def get_run_allocation_session(self, context: Any) -> RunSession:
         """The run's session, created on first use by any step of the run."""
-        return self._open(context, self.layout(), self.mode, self.default_launcher.to_core(),
+        return self._open(context, self.layout(), self.default_launcher.to_core(),
                           _queue_of(self.slurm), self.session_root, self.head_timeout)
 
     def run(self, context: Any, payload_path: str, *, args: typing.Sequence[str] = (),
@@ -156,7 +176,8 @@ class _SessionResourceBase(dagster.ConfigurableResource, _RunScoped):
     is set up, and the session methods are available on the resource."""
 
     slurm: Optional[SlurmResource] = Field(default=None, description="Queue defaults.")
-    mode: Literal["slurm", "local"] = Field(default="slurm", description="'slurm' or 'local' (embedded scheduler).")
+    mode: Optional[str] = Field(
+        default=None, description=f"'slurm' or 'local' (embedded scheduler); unset: ${SCHEDULER_ENV} (as ComputeResource).")
     ray_head_only: bool = Field(default=False, description="The head advertises no CPUs or GPUs; compute joins "
                                                            "through worker allocations.")
     worker_allocation: Optional[SlurmWorkerAllocationConfig] = Field(
@@ -170,6 +191,8 @@ class _SessionResourceBase(dagster.ConfigurableResource, _RunScoped):
 
     @pydantic.model_validator(mode="after")
     def _check_layout(self) -> Any:
+        if self.mode is not None:
+            scheduler_kind(self.mode, field="mode")
         self.layout()
         return self
 
@@ -189,7 +212,7 @@ class _SessionResourceBase(dagster.ConfigurableResource, _RunScoped):
         self._end()
 
     def get_run_allocation_session(self, context: Any) -> RunSession:
-        return self._open(context, self.layout(), self.mode, self.launcher.to_core(), _queue_of(self.slurm),
+        return self._open(context, self.layout(), self.launcher.to_core(), _queue_of(self.slurm),
                           self.session_root, self.head_timeout)
 
     def _session(self) -> RunSession:

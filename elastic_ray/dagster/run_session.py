@@ -140,6 +140,7 @@ class RunSession:
         s = self.session
         deadline = time.monotonic() + timeout
         looks = pacing.SessionLooks(lambda max_age: s.query(max_age=max_age))
+        waiting_for = ""
         while True:
             obs = s.observe_head(wait=0.5)
             rec = s.record()
@@ -161,6 +162,9 @@ class RunSession:
                 raise SlurmAllocationEnded(f"the run's head {job} cannot take a payload ({assessment.why}); "
                                            f"call replace_head() and launch again", allocation_state=state,
                                            job_id=job)
+            if assessment.why != waiting_for:   # e.g. "head job 12 is still PENDING (Priority)"
+                waiting_for = assessment.why
+                log.info("event=ready_head_waiting session=%s why=%r", s.job_name, waiting_for)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the run's head is not ready after {timeout:.0f}s: {assessment.why}")
 

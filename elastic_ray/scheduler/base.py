@@ -85,6 +85,20 @@ class JobInfo:
     comment: str = ""
 
 
+def state_text(info: JobInfo | None) -> str:
+    """A job's state for a wait's progress line and its timeout error: while
+    the job is queued, with Slurm's reason (squeue's REASON column, e.g.
+    ``PENDING (Resources)``, ``PENDING (QOSMaxJobsPerUserLimit)``), since that
+    is what tells a person waiting whether to wait on or change the request;
+    ``?`` when the scheduler has not said."""
+    if info is None:
+        return "?"
+    reason = info.reason.strip()
+    if info.state is JobState.PENDING and reason and reason != "None":
+        return f"{info.state.value} ({reason})"
+    return info.state.value
+
+
 def current_user() -> str:
     """The name of the user this process acts as (its effective uid).
 
