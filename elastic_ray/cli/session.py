@@ -109,8 +109,11 @@ def _status_table(status: dict[str, Any]) -> Any:
     return render_status(status)
 
 
-def watch_status(session: Session, interval: float, max_age: float, console: Console,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+def _watch_sleep(seconds: float) -> None:
+    time.sleep(seconds)       # a module attribute, so a test can end the watch as Ctrl-C would
+
+
+def watch_status(session: Session, interval: float, max_age: float, console: Console) -> None:
     """Redraw the status in place every ``interval`` s until Ctrl-C.
 
     Each refresh takes the session's shared scheduler answer if it is at
@@ -121,7 +124,7 @@ def watch_status(session: Session, interval: float, max_age: float, console: Con
     with Live(_status_table(status), console=console, auto_refresh=False, transient=False) as live:
         try:
             while True:
-                sleep(interval)
+                _watch_sleep(interval)
                 status = collect_status(session, heartbeat_wait=0.0, max_age=max_age)
                 live.update(_status_table(status), refresh=True)
         except KeyboardInterrupt:

@@ -176,11 +176,11 @@ class Session:
                    supervise_interval=supervise_interval, on_allocation_ended=on_allocation_ended)
 
     @classmethod
-    def from_config(cls, path: str | Path, **overrides: Any) -> "Session":
+    def from_config(cls, file: str | Path, /, **overrides: Any) -> "Session":
         """``create`` from a TOML session file (:mod:`..config.session_file`), then its
         ``[[workers]]``; keyword arguments win over the file (``path=`` the directory)."""
         from ..config.session_file import load_session_file
-        return load_session_file(path).create(cls, **overrides)
+        return load_session_file(file).create(cls, **overrides)
 
     # ------------------------------------------------------------ views
     @property
