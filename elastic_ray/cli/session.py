@@ -14,9 +14,7 @@ when ``$ELASTIC_RAY_SESSION`` names the session.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
