@@ -16,10 +16,11 @@ from typing import Callable
 import zmq
 
 from ..protocol.channel import HeartbeatPublisher
-from ..protocol.records import HeadEndpoint
+from ..protocol.records import HeadEndpoint, NodeState
 from ..protocol.session_dir import SessionDir
 from .local_ray import RayHandle, NodePlace
 from .rejoin_order import read_boot_id
+from .status import REFRESH_SECONDS, STATUS_SLACK
 
 log = logging.getLogger("elastic_ray.agent")
 
@@ -136,4 +137,39 @@ class RetriedWrite:
         if self.failures:
             self._log(f"{self.what}_written", failed_tries=self.failures)
             self.failures = 0
+        return True
+
+
+class NodeFile:
+    """This agent's node file in the session directory (``jobs/<job>/nodes/<node>.json``).
+
+    Written at every state change, fsynced (a state is a fact other
+    processes act on), and rewritten every ``refresh`` s in between, not
+    fsynced: only ``updated_at`` moves then, and it is what tells a reader
+    (``session status``) that the agent still runs. Without the refresh an
+    idle JOINED agent looked hung after 30 s. The refresh rides on the
+    agent's periodic status write (``agent.status.REFRESH_SECONDS``, up to
+    ``slack`` early), so it adds no wakeup. A failed write is retried
+    (:class:`RetriedWrite`).
+
+    Threads: used by the event loop only.
+    """
+
+    def __init__(self, session: SessionDir, log: Callable[..., None], refresh: float = REFRESH_SECONDS,
+                 slack: float = STATUS_SLACK):
+        self.session = session
+        self.write = RetriedWrite("node_file", log)
+        self.refresh = refresh
+        self.slack = slack
+        self._next = 0.0
+
+    def publish(self, state: NodeState, now: float, changed: bool) -> bool:
+        """Write ``state`` if it ``changed``, a write is due again, or the refresh is due;
+        False when a write failed (it is due again)."""
+        if not (changed or self.write.due or now >= self._next - self.slack):
+            return True
+        durable = changed or self.write.due
+        if not self.write.run(lambda: self.session.write_node_state(state, durable=durable)):
+            return False
+        self._next = now + self.refresh
         return True

@@ -79,7 +79,7 @@ from .machine import (
     initial,
     step,
 )
-from .publishing import WRITE_RETRY_SECONDS, HeadPublishing, RetriedWrite
+from .publishing import WRITE_RETRY_SECONDS, HeadPublishing, NodeFile
 from .rejoin_order import RejoinTurn, host_in
 from .signal_drain import DRAIN_SIGNALS, WalltimeWatch, drain_for_signal
 from .slurmd_watch import SlurmdWatch
@@ -122,7 +122,7 @@ class Agent:
         self._exit_code: int | None = None
         self._next_beat = self._next_pointer = self._next_status = self._next_raylet_check = 0.0
         self._status_soon = threading.Event()
-        self._node_write = RetriedWrite("node_file", self._log)
+        self._node_file = NodeFile(self.session, self._log)   # state changes, and a refresh every 10 s
         self.walltime = WalltimeWatch(self.info.scheduler, self.info.job_name, options.job_id,
                                       options.head_drain_lead, self._log, self._post_call)
         self.slurmd = SlurmdWatch.for_agent(self.info, options, self._log, self._post_call, self._feed)
@@ -493,8 +493,7 @@ class Agent:
         try:
             state = self._node_state()
             write_status(self.status_file, state)
-            if (force_session or self._node_write.due) and not self._node_write.run(
-                    lambda: self.session.write_node_state(state)):
+            if not self._node_file.publish(state, time.time(), changed=force_session):
                 self._next_status = time.time() + WRITE_RETRY_SECONDS
         except (OSError, ValueError, UnsafePathError) as exc:  # ValueError: a state the record refuses; a bug
             log.warning("event=status_write_failed job=%s node=%s error=%s", self.o.job_id, self.o.node, exc)

@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 
 from .. import __version__
+from .create import create_cmd, render_cmd
 from .session import session_group
 from ..errors import ElasticRayError
 from ..scheduler.factory import KINDS, make_scheduler
@@ -63,7 +64,9 @@ def demo(scheduler: str, workdir: Path | None, sleep: float, allocations_only: b
         sys.exit(1)
 
 
+session_group.add_command(create_cmd)
 main.add_command(session_group)
+main.add_command(render_cmd)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,25 +6,21 @@ The pure parts (options to a config, ``NAME=AMOUNT`` parsing, the status
 model and its rendering) are separate functions so they are tested without
 a scheduler; the commands are thin shells around the coordinator.
 
-Output rule: results go to stdout in a form a script can read (a job id, a
-state, JSON with ``--json``); progress and human context go to stderr, so
-``JOB=$(elastic-ray session add-worker ...)`` works. Errors are one line:
-exit status 2 for a bad argument, 1 for a failure.
+Output and errors follow :mod:`.output`: results on stdout (with ``--json``
+one JSON object and nothing else), progress on stderr, so
+``JOB=$(elastic-ray session add-worker ...)`` works. ``DIR`` may be left out
+when ``$ELASTIC_RAY_SESSION`` names the session.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import re
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.live import Live
 
 from ..coordinator.pacing import STATUS_MAX_AGE, watch_max_age
 from ..coordinator.session import Session
@@ -35,8 +31,12 @@ from ..protocol.recovery import describe
 from ..protocol.session_dir import SessionDir
 from ..scheduler.base import Scheduler
 from .options import OptionError, parse_ray_resources, worker_config
-from .status_model import build_status, job_sort_key
+from .output import (JSON_OPTION, JsonCommand, Progress, _err, _out, echo_json, failures_as_click, one_line,
+                     session_directory)
+from .status_model import build_status, health, job_sort_key
 from .status_view import format_duration, render_status
+
+__all__ = ["session_group", "collect_status", "open_session", "one_line", "Progress"]
 
 # Extra listening for the head's heartbeat. The first observation already
 # waits up to the heartbeat's loss window for a beat, so this stays small.
@@ -86,78 +86,13 @@ def collect_status(session: Session, heartbeat_wait: float = HEARTBEAT_WAIT,
     return status
 
 
-# =============================================================== effects: output and errors
-
-def _out() -> Console:
-    # Wide enough for the table when piped (a log, a test), natural width on a terminal.
-    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+def _session_path(ctx: click.Context, directory: Path | None) -> Session:
+    return open_session(session_directory(directory), _scheduler_override(ctx))
 
 
-def _err() -> Console:
-    return Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
-
-
-def one_line(exc: BaseException) -> str:
-    """An error as one line: the first line of the message, a log tail replaced by its path."""
-    text = str(exc).strip() or type(exc).__name__
-    first = text.splitlines()[0]
-    return re.sub(r"last lines of (\S+):$", r"see \1", first)
-
-
-def failures_as_click(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Expected failures become one-line errors with exit status 1, never tracebacks."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except click.ClickException:
-            raise
-        except (ElasticRayError, TimeoutError, OSError, ValueError) as exc:
-            # ElasticRayError covers ConfigError, SessionDirError, SchedulerError,
-            # AllocationFailed; ValueError is what the Session raises for a bad handle.
-            raise click.ClickException(one_line(exc)) from None
-
-    return wrapper
-
-
-class Progress:
-    """A spinner with the latest progress text on a terminal; on anything else
-    (a log file, CI) each new text as a timestamped line on stderr."""
-
-    def __init__(self, console: Console, initial: str):
-        self.console = console
-        self.initial = initial
-        self._status: Any = None
-        self._last = ""
-
-    def __enter__(self) -> "Progress":
-        if self.console.is_terminal:
-            self._status = self.console.status(self.initial)
-            self._status.__enter__()
-        else:
-            self(self.initial)
-        return self
-
-    def __call__(self, text: str) -> None:
-        if text == self._last:
-            return
-        self._last = text
-        if self._status is not None:
-            self._status.update(text)
-        else:
-            self.console.print(f"{time.strftime('%H:%M:%S')} {text}", markup=False)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._status is not None:
-            self._status.__exit__(*exc)
-
-
-def _session_path(ctx: click.Context, directory: Path) -> Session:
-    return open_session(directory, _scheduler_override(ctx))
-
-
-_DIR = click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+# DIR may be left out when $ELASTIC_RAY_SESSION names the session (output.session_directory).
+_DIR = click.argument("directory", metavar="[DIR]", required=False,
+                      type=click.Path(file_okay=False, path_type=Path))
 _POSITIVE = click.FloatRange(min=0, min_open=True)
 
 
@@ -165,34 +100,77 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 
 @click.group("session")
 def session_group() -> None:
-    """Look at and change a running session (its directory is DIR)."""
+    """Look at and change a session (its directory is DIR, or $ELASTIC_RAY_SESSION)."""
 
 
-@session_group.command("status")
+def _status_table(status: dict[str, Any]) -> Any:
+    return render_status(status)
+
+
+def _watch_sleep(seconds: float) -> None:
+    time.sleep(seconds)       # a module attribute, so a test can end the watch as Ctrl-C would
+
+
+def watch_status(session: Session, interval: float, max_age: float, console: Console) -> None:
+    """Redraw the status in place every ``interval`` s until Ctrl-C.
+
+    Each refresh takes the session's shared scheduler answer if it is at
+    most ``max_age`` s old, so a watch (or ten) costs the controller one
+    query per ``max_age``, not one per refresh.
+    """
+    status = collect_status(session, max_age=max_age)
+    with Live(_status_table(status), console=console, auto_refresh=False, transient=False) as live:
+        try:
+            while True:
+                _watch_sleep(interval)
+                status = collect_status(session, heartbeat_wait=0.0, max_age=max_age)
+                live.update(_status_table(status), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+@session_group.command("status", cls=JsonCommand)
 @_DIR
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@JSON_OPTION
 @click.option("--max-age", type=click.FloatRange(min=0), default=STATUS_MAX_AGE, show_default=True,
               help="Accept the session's shared scheduler answer up to this many seconds old (0: ask Slurm).")
+@click.option("--check", is_flag=True,
+              help="Exit 0 if healthy, 3 if the head is lost, 4 if a worker allocation failed, "
+                   "5 if the head is still starting.")
+@click.option("--watch", type=_POSITIVE, is_flag=False, flag_value=2.0, default=None, metavar="[SECONDS]",
+              help="Redraw the status in place every SECONDS (default 2) until Ctrl-C.")
 @click.pass_context
 @failures_as_click
-def status_cmd(ctx: click.Context, directory: Path, as_json: bool, max_age: float) -> None:
+def status_cmd(ctx: click.Context, directory: Path | None, as_json: bool, max_age: float, check: bool,
+               watch: float | None) -> None:
     """The head and every worker allocation: Slurm state, nodes, Ray node ids,
     time left, drain state, and whether the head's heartbeat is live.
 
     Asks the scheduler once, however many allocations the session has, and
     not at all when another process of the session asked within ``--max-age``.
     """
+    if watch is not None and (as_json or check):
+        raise click.UsageError("--watch: not with --json or --check (it redraws a table until Ctrl-C)")
     session = _session_path(ctx, directory)
     try:
+        if watch is not None:
+            watch_status(session, watch, watch_max_age(max_age), _out())
+            return
         status = collect_status(session, max_age=watch_max_age(max_age))
     finally:
         session.close()
+    code, reasons = health(status)
     if as_json:
-        click.echo(json.dumps(status, indent=2, sort_keys=True))
+        echo_json("session status", {**status, **({"check": {"code": code, "reasons": reasons}} if check else {})})
     else:
         _out().print(render_status(status))
         if status["scheduler_answer_age"] is not None:
             _err().print(f"scheduler answer: {status['scheduler_answer_age']:.1f} s old")
+        if check:
+            for reason in reasons:
+                _err().print(f"check: {reason}", markup=False)
+    if check:
+        ctx.exit(code)
 
 
 def _ray_resources_callback(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, float]:
@@ -202,7 +180,7 @@ def _ray_resources_callback(ctx: click.Context, param: click.Parameter, values: 
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
-@session_group.command("add-worker")
+@session_group.command("add-worker", cls=JsonCommand)
 @_DIR
 @click.option("--partition", help="Slurm partition (or a comma-separated list).")
 @click.option("--nodes", "num_nodes", type=int, help="Number of nodes.")
@@ -234,10 +212,11 @@ def _ray_resources_callback(ctx: click.Context, param: click.Parameter, values: 
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Wait until every node has joined the Ray cluster.")
 @click.option("--timeout", type=_POSITIVE, default=3600.0, show_default=True, help="Seconds --wait waits.")
+@JSON_OPTION
 @click.pass_context
 @failures_as_click
-def add_worker_cmd(ctx: click.Context, directory: Path, wait: bool, timeout: float, resubmit_on_failure: int,
-                   **options: Any) -> None:
+def add_worker_cmd(ctx: click.Context, directory: Path | None, wait: bool, timeout: float,
+                   resubmit_on_failure: int, as_json: bool, **options: Any) -> None:
     """Submit a worker allocation to the session and print its job id.
 
     Options left out are inherited from the session's first worker
@@ -253,36 +232,47 @@ def add_worker_cmd(ctx: click.Context, directory: Path, wait: bool, timeout: flo
     err = _err()
     try:
         handle = session.add_worker_allocation(config, resubmit_on_failure=resubmit_on_failure)
-        click.echo(handle.job_id)
+        if not as_json:
+            click.echo(handle.job_id)
         resolved = handle.config
         err.print(f"submitted worker allocation {handle.job_id} "
                   f"({resolved.num_nodes or 1} node(s) on {resolved.partition or 'the default partition'})",
                   markup=False)
-        if not wait:
-            return
-        with Progress(err, f"job {handle.job_id}: waiting for its nodes to join") as progress:
-            joined = session.wait_for_worker_allocation(handle, timeout=timeout, progress=progress)
-        for node, node_id in joined.items():
-            click.echo(f"{node} {node_id}")
+        joined = None
+        if wait:
+            with Progress(err, f"job {handle.job_id}: waiting for its nodes to join") as progress:
+                joined = session.wait_for_worker_allocation(handle, timeout=timeout, progress=progress)
+        if as_json:
+            echo_json("session add-worker", {"job_id": handle.job_id, "config": resolved.to_dict(),
+                                             "resubmit_on_failure": resubmit_on_failure, "joined": joined})
+        else:
+            for node, node_id in (joined or {}).items():
+                click.echo(f"{node} {node_id}")
     finally:
         session.close()
 
 
-@session_group.command("remove-worker")
-@_DIR
-@click.argument("job")
+@session_group.command("remove-worker", cls=JsonCommand)
+@click.argument("directory", metavar="[DIR]", required=False)
+@click.argument("job", required=False)
 @click.option("--drain-timeout", type=_POSITIVE, default=900.0, show_default=True,
               help="Seconds the nodes get to drain before they are stopped.")
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Wait until the allocation has ended.")
+@JSON_OPTION
 @click.pass_context
 @failures_as_click
-def remove_worker_cmd(ctx: click.Context, directory: Path, job: str, drain_timeout: float, wait: bool) -> None:
+def remove_worker_cmd(ctx: click.Context, directory: str | None, job: str | None, drain_timeout: float,
+                      wait: bool, as_json: bool) -> None:
     """Drain worker allocation JOB out of the Ray cluster (cancel it if it
     still pends) and print its final Slurm state (with --no-wait: the state now)."""
+    if job is None:     # one argument: it is JOB, and the session comes from $ELASTIC_RAY_SESSION
+        if directory is None:
+            raise click.UsageError("missing argument JOB", ctx=ctx)
+        directory, job = None, directory
     if not is_job_id(job):
         raise click.BadParameter(f"{job!r} is not a job id", ctx=ctx, param_hint="JOB")
-    session = _session_path(ctx, directory)
+    session = _session_path(ctx, None if directory is None else Path(directory))
     try:
         if job not in session.record().workers:
             raise click.BadParameter(f"job {job} is not a worker allocation of this session",
@@ -290,7 +280,10 @@ def remove_worker_cmd(ctx: click.Context, directory: Path, job: str, drain_timeo
         with Progress(_err(), f"job {job}: draining") as progress:
             state = session.remove_worker_allocation(job, drain_timeout=drain_timeout, wait=wait,
                                                      progress=progress)
-        click.echo(state)
+        if as_json:
+            echo_json("session remove-worker", {"job_id": job, "state": state, "waited": wait})
+        else:
+            click.echo(state)
         if not wait:
             _err().print(f"job {job}: drain requested; its nodes leave within {format_duration(drain_timeout)}",
                          markup=False)
@@ -298,13 +291,14 @@ def remove_worker_cmd(ctx: click.Context, directory: Path, job: str, drain_timeo
         session.close()
 
 
-@session_group.command("replace-head")
+@session_group.command("replace-head", cls=JsonCommand)
 @_DIR
 @click.option("--timeout", type=_POSITIVE, default=3600.0, show_default=True,
               help="Seconds to wait for a healthy head.")
+@JSON_OPTION
 @click.pass_context
 @failures_as_click
-def replace_head_cmd(ctx: click.Context, directory: Path, timeout: float) -> None:
+def replace_head_cmd(ctx: click.Context, directory: Path | None, timeout: float, as_json: bool) -> None:
     """Make sure the session has a healthy head, electing one if it has none;
     print the head's job id and address.
 
@@ -315,18 +309,22 @@ def replace_head_cmd(ctx: click.Context, directory: Path, timeout: float) -> Non
     try:
         with Progress(_err(), "checking the head") as progress:
             head = session.replace_head(timeout=timeout, progress=progress)
-        click.echo(f"{head.job_id} {head.address}")
+        if as_json:
+            echo_json("session replace-head", {"job_id": head.job_id, "address": head.address})
+        else:
+            click.echo(f"{head.job_id} {head.address}")
     finally:
         session.close()
 
 
-@session_group.command("teardown")
+@session_group.command("teardown", cls=JsonCommand)
 @_DIR
 @click.option("--timeout", type=_POSITIVE, default=120.0, show_default=True,
               help="Seconds to wait for every job to end after the cancel.")
+@JSON_OPTION
 @click.pass_context
 @failures_as_click
-def teardown_cmd(ctx: click.Context, directory: Path, timeout: float) -> None:
+def teardown_cmd(ctx: click.Context, directory: Path | None, timeout: float, as_json: bool) -> None:
     """Cancel every job of the session, then wait until none is active.
 
     The session's jobs are the ids it recorded (and any job its own
@@ -364,14 +362,20 @@ def teardown_cmd(ctx: click.Context, directory: Path, timeout: float) -> None:
         session.close()
     if incomplete is not None:
         raise click.ClickException(f"cancelled {len(cancelled)} job(s), but: {'; '.join(incomplete.errors)}")
-    click.echo(f"cancelled {len(cancelled)} job(s); none of the session's {len(jobs)} job(s) is active")
+    if as_json:
+        echo_json("session teardown", {"cancelled": cancelled, "jobs": {
+            job: info.state.value for job, info in sorted(jobs.items(), key=lambda kv: job_sort_key(kv[0]))},
+            "active": []})
+    else:
+        click.echo(f"cancelled {len(cancelled)} job(s); none of the session's {len(jobs)} job(s) is active")
 
 
-@session_group.command("repair")
+@session_group.command("repair", cls=JsonCommand)
 @_DIR
 @click.option("--yes", is_flag=True, help="Restore it; without --yes, only show what would be restored.")
+@JSON_OPTION
 @failures_as_click
-def repair_cmd(directory: Path, yes: bool) -> None:
+def repair_cmd(directory: Path | None, yes: bool, as_json: bool) -> None:
     """Put a damaged allocation.json back from its newest good copy.
 
     A damaged record is restored on its own when the session directory
@@ -380,17 +384,29 @@ def repair_cmd(directory: Path, yes: bool) -> None:
     with --yes it restores it (the damaged file is kept next to it as
     allocation.json.corrupt-<time>). Needs no scheduler.
     """
-    session_dir = SessionDir.open(directory)
+    session_dir = SessionDir.open(session_directory(directory))
     plan = session_dir.repair_plan()
+    result: dict[str, Any] = {"file": str(session_dir.allocation_file), "damaged": plan is not None,
+                              "plan": None if plan is None else describe(plan),
+                              "source": None if plan is None or plan.source is None else str(plan.source.source),
+                              "restored": False, "generation": None}
     if plan is None:
-        click.echo(f"{session_dir.allocation_file}: reads well; nothing to repair")
+        if as_json:
+            echo_json("session repair", result)
+        else:
+            click.echo(f"{session_dir.allocation_file}: reads well; nothing to repair")
         return
-    click.echo(describe(plan), err=True)   # unwrapped: paths and reasons stay whole
+    if not as_json:
+        click.echo(describe(plan), err=True)   # unwrapped: paths and reasons stay whole
     if plan.source is None:
         raise click.ClickException("nothing to restore from; the session's jobs can still be cancelled with "
                                    f"`elastic-ray session teardown {session_dir.path}`")
-    if not yes:
+    if yes:
+        restored = session_dir.restore_allocation_backup()
+        result.update(restored=True, generation=restored.generation)
+    if as_json:
+        echo_json("session repair", result)
+    elif not yes:
         click.echo("run again with --yes to restore it", err=True)
-        return
-    restored = session_dir.restore_allocation_backup()
-    click.echo(f"restored {plan.source.source} as generation {restored.generation}")
+    else:
+        click.echo(f"restored {plan.source.source} as generation {restored.generation}")

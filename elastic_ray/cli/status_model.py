@@ -19,8 +19,9 @@ from ..coordinator.headwatch import HeadObservation
 from ..protocol.records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, WorkerRecord
 from ..scheduler.base import JobInfo, JobState
 
-# An agent rewrites its node file at least every few seconds while it runs;
-# older than this (and not exited) it is shown as stale.
+# An agent rewrites its node file in the session directory at every state
+# change and at least every agent.status.REFRESH_SECONDS (10 s) while it runs;
+# older than this (three refreshes missed, and not exited) it is shown as stale.
 AGENT_STALE_AFTER = 30.0
 ACTIVE_STATES = frozenset(s.value for s in JobState if s.is_active)
 
@@ -69,7 +70,8 @@ def node_shown_state(agent: str | None, job: JobInfo | None, exited: bool = Fals
     return "ENDED", f"job {state.value}"
 
 
-def _node_rows(info: JobInfo | None, states: Mapping[str, NodeState], now: float) -> list[dict[str, Any]]:
+def _node_rows(info: JobInfo | None, states: Mapping[str, NodeState], now: float,
+               stale_after: float = AGENT_STALE_AFTER) -> list[dict[str, Any]]:
     """One entry per node: the scheduler's node list, plus any node whose agent published a state.
 
     A node without a (readable) state has no agent columns: unknown.
@@ -93,7 +95,7 @@ def _node_rows(info: JobInfo | None, states: Mapping[str, NodeState], now: float
             "agent_state": agent,
             "agent_exited": exited,
             # Stale only matters while the job runs; after it, the job's state says enough.
-            "agent_stale": (bool(agent) and not exited and age is not None and age > AGENT_STALE_AFTER
+            "agent_stale": (bool(agent) and not exited and age is not None and age > stale_after
                             and info is not None and info.state.is_active),
             "agent_updated_age": None if age is None else round(age, 1),
         })
@@ -132,7 +134,7 @@ def _heartbeat(pointer: str | None, jobs: Mapping[str, JobInfo], endpoint: HeadE
 def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecord, jobs: Mapping[str, JobInfo],
                  nodes: Mapping[str, Mapping[str, NodeState]], pointer: str | None,
                  endpoint: HeadEndpoint | None, observation: HeadObservation | None,
-                 now: float) -> dict[str, Any]:
+                 now: float, stale_after: float = AGENT_STALE_AFTER) -> dict[str, Any]:
     """Everything ``session status`` shows, as one JSON-ready dict. Pure.
 
     ``jobs`` is the answer of one scheduler query; ``nodes`` maps a job id
@@ -161,7 +163,7 @@ def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecor
         job = jobs.get(job_id)
         worker = record.workers.get(job_id)
         config = worker.config if worker else {}
-        node_rows = _node_rows(job, nodes.get(job_id, {}), now)
+        node_rows = _node_rows(job, nodes.get(job_id, {}), now, stale_after)
         if roles[job_id] == "head (replaced)":
             # Its job may still run for a while, but it is no one's head now.
             for node in node_rows:
@@ -204,3 +206,40 @@ def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecor
         "active_jobs": sum(1 for r in rows if r["state"] in ACTIVE_STATES),
         "observed_at": now,
     }
+
+
+# =============================================================== `status --check`
+
+#: Exit codes of ``session status --check`` (1 and 2 stay the CLI's failure and usage errors).
+CHECK_HEALTHY = 0
+CHECK_HEAD_LOST = 3
+CHECK_WORKER_FAILED = 4
+CHECK_HEAD_STARTING = 5
+
+
+def health(status: Mapping[str, Any]) -> tuple[int, list[str]]:
+    """Pure: the ``--check`` exit code of a status and the reasons for it.
+
+    A head that is lost (its job ended, its heartbeat silent or unknown, no
+    head at all) wins over a failed worker allocation (one that ended
+    without being asked and was not resubmitted), which wins over a head
+    that is still starting (its job pends, or runs without having published
+    its address yet).
+    """
+    head = status["head"]
+    beat = head["heartbeat"]
+    row = next((r for r in status["jobs"] if r["job_id"] == head["job_id"]), None)
+    reasons: list[str] = []
+    code = CHECK_HEALTHY
+    if beat == "not ready" and row is not None and row["state"] in ACTIVE_STATES:
+        code = CHECK_HEAD_STARTING
+        reasons.append(f"head job {head['job_id']} is {row['state']} and not ready yet")
+    elif beat != "live":
+        code = CHECK_HEAD_LOST
+        reasons.append("no head" if head["job_id"] is None else
+                       f"head job {head['job_id']}: heartbeat {beat}" + (f" (job {row['state']})" if row else ""))
+    failed = [f for f in status.get("failures") or () if not f.get("replaced_by")]
+    if failed:
+        code = code if code == CHECK_HEAD_LOST else CHECK_WORKER_FAILED
+        reasons += [f"worker allocation {f['job_id']} ended {f['state']} without being asked" for f in failed]
+    return code, reasons

@@ -16,6 +16,11 @@ from rich.text import Text
 
 from .status_model import ACTIVE_STATES
 
+#: A Slurm reason up to this long stays next to the state (``PENDING (Resources)``);
+#: a longer one (``ReqNodeNotAvail,_UnavailableNodes:...``) goes to the notes, which wrap.
+SHORT_REASON = 24
+
+
 def format_duration(seconds: float | None) -> str:
     """``4000`` -> ``"1h06m"``, ``75`` -> ``"1m15s"``; ``"-"`` for unknown."""
     if seconds is None:
@@ -113,16 +118,20 @@ def render_status(status: Mapping[str, Any]) -> Group:
     # No vertical rules: the table stays readable when grepped or piped.
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column in ("role", "job", "partition", "state", "nodes", "ray node id", "agent", "time left", "notes"):
-        table.add_column(column, no_wrap=column in ("job", "state", "ray node id"))
+        # notes fold: a long squeue reason has no blanks to wrap at, and must never end in "…".
+        table.add_column(column, no_wrap=column in ("job", "state", "ray node id"),
+                         overflow="fold" if column == "notes" else "ellipsis")
     for row in status["jobs"]:
         nodes = row["nodes"]
         state = Text(row["state"], style=_STATE_STYLE.get(row["state"], "red"))
-        if row["reason"] and row["state"] != "RUNNING":
-            state.append(f" ({row['reason']})", style="dim")
+        reason = row["reason"] if row["state"] != "RUNNING" else ""
+        if reason and len(reason) <= SHORT_REASON:
+            state.append(f" ({reason})", style="dim")
         failure = _failure_text(row.get("failure"))
         drain = _drain_text(row["drain"], row["state"], now)
         # "submitted" next to a failure or a replacement says nothing.
-        notes = "; ".join(t for t in (drain if not (failure and drain == "submitted") else "", failure) if t)
+        notes = "; ".join(t for t in (drain if not (failure and drain == "submitted") else "", failure,
+                                      f"reason: {reason}" if len(reason) > SHORT_REASON else "") if t)
         table.add_row(
             row["role"], row["job_id"], row["partition"] or "-", state,
             "\n".join(n["node"] for n in nodes) or "-",

@@ -189,6 +189,13 @@ class Session:
         return cls(SessionDir.open(path), scheduler, claim_period=claim_period, supervise=supervise,
                    supervise_interval=supervise_interval, on_allocation_ended=on_allocation_ended)
 
+    @classmethod
+    def from_config(cls, file: str | Path, /, **overrides: Any) -> "Session":
+        """``create`` from a TOML session file (:mod:`..config.session_file`), then its
+        ``[[workers]]``; keyword arguments win over the file (``path=`` the directory)."""
+        from ..config.session_file import load_session_file
+        return load_session_file(file).create(cls, **overrides)
+
     # ------------------------------------------------------------ views
     @property
     def path(self) -> Path:

@@ -534,8 +534,10 @@ class SessionDir:
             log.warning("event=head_endpoint_invalid path=%s reason=%s", path, exc)
             return None
 
-    def write_node_state(self, state: NodeState) -> None:
-        """Publish one agent's state as ``jobs/<job>/nodes/<node>.json`` (job and node from the record)."""
+    def write_node_state(self, state: NodeState, *, durable: bool = True) -> None:
+        """Publish one agent's state as ``jobs/<job>/nodes/<node>.json`` (job and node from the record).
+
+        ``durable=False`` skips the fsyncs: for a periodic refresh that only moves ``updated_at``."""
         host = state.node
         if not host or "/" in host or host.startswith("."):
             raise ValueError(f"node={host!r}: not a usable node name")
@@ -543,7 +545,7 @@ class SessionDir:
         NodeState.from_dict(state.to_dict())
         directory = self.job_dir(state.job_id) / "nodes"
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write_json(directory / f"{host}.json", state.to_dict(), mode=0o644)
+        atomic_write_json(directory / f"{host}.json", state.to_dict(), mode=0o644, durable=durable)
 
     def read_node_states(self, job_id: str) -> dict[str, NodeState]:
         """Every published node state of a job, by node name.
