@@ -189,7 +189,7 @@ class ControlServer:
                                  expect=REQUEST_KINDS, to=self._endpoint)
         except FrameRejected as exc:
             self.rejected[exc.reason] += 1
-            self._reject_log("frame_rejected", exc, peer_address(frames[0]))
+            self._reject_log("frame_rejected", exc, peer_address(frames))
             return
         self.accepted += 1
         try:

@@ -134,8 +134,18 @@ def parts_of(frames: list[Any]) -> list[bytes]:
     return [b"" if isinstance(f, TooManyParts) else f.bytes for f in frames]
 
 
-def peer_address(frame: zmq.Frame) -> str:
-    try:
-        return frame.get("Peer-Address") or "?"
-    except (zmq.ZMQError, AttributeError, UnicodeDecodeError):
-        return "?"
+def peer_address(frames: list[Any]) -> str:
+    """The sender's IP from the first part of a message that knows it, or "?".
+
+    Every part carries the connection's metadata, but with pyzmq 25 (libzmq
+    4.3.4) the ROUTER's identity part, read on its own by ``recv``, answers
+    EINVAL (pyzmq 27 answers); the later parts answer on both.
+    """
+    for frame in frames:
+        try:
+            address = frame.get("Peer-Address")
+        except (zmq.ZMQError, AttributeError, UnicodeDecodeError):
+            continue
+        if address:
+            return address
+    return "?"
