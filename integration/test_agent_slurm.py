@@ -489,7 +489,9 @@ def test_walltime_warning_drains_and_the_job_completes_before_its_limit(run):
 # ------------------------------------------------------------------ 6. the head moves; then no head at all
 
 def test_workers_follow_a_moved_head_in_seconds_then_release_without_one(run):
-    live = {name: run.state(name) for name in run.workers
+    # JOINED with a node id first: run alone (-k, or the version matrix's
+    # subset) this test may come before the ones that waited for that.
+    live = {name: run.joined(name) for name in run.workers
             if run.job_state(run.workers[name].job_id) == "RUNNING"}
     assert {"gpu-a", "gpu-b"} <= set(live), live
     before = {name: s.get("node_id") for name, s in live.items()}

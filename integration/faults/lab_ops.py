@@ -82,11 +82,23 @@ def started_at(pid: int) -> float | None:
     return _BOOT + int(fields[19]) / _TICKS
 
 
+def _net_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
 def session_processes(job_ids: set[str], since: float = 0.0) -> list[Proc]:
     """Every live process (not a zombie) whose environment carries one of ``job_ids``
     and that started at or after ``since`` (Slurm reuses job ids after the lab's
     state is reset, so an old process can carry a new session's job id)."""
     found = []
+    # The lab's nodes are network namespaces; the local scheduler's emulated
+    # jobs (other tests, benches) carry SLURM_JOB_ID too, with the same small
+    # ids and node names, but live in this process's namespace. Only the
+    # lab's count, so a concurrent local run is never reported or killed here.
+    own_net = _net_ns(os.getpid())
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -96,6 +108,8 @@ def session_processes(job_ids: set[str], since: float = 0.0) -> list[Proc]:
         env = _environ(pid)
         job = env.get("SLURM_JOB_ID")
         if not job or job not in job_ids or not labctl.pid_alive(pid):
+            continue
+        if own_net is not None and _net_ns(pid) == own_net:
             continue
         if since and (started_at(pid) or 0.0) < since - 1.0:
             continue
