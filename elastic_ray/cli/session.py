@@ -33,7 +33,7 @@ from ..scheduler.base import Scheduler
 from .options import OptionError, parse_ray_resources, worker_config
 from .output import (JSON_OPTION, JsonCommand, Progress, _err, _out, echo_json, failures_as_click, one_line,
                      session_directory)
-from .status_model import build_status, health, job_sort_key
+from .status_model import answer_outdated, build_status, health, job_sort_key
 from .status_view import format_duration, render_status
 
 __all__ = ["session_group", "collect_status", "open_session", "one_line", "Progress"]
@@ -69,6 +69,9 @@ def collect_status(session: Session, heartbeat_wait: float = HEARTBEAT_WAIT,
     record = session.record()
     nodes = {job: session.node_states(job) for job in sorted(set(jobs) | set(record.workers)
                                                               | ({record.head_job} if record.head_job else set()))}
+    if answer is not None and max_age > 0 and answer_outdated(jobs, nodes, answer.asked_at):
+        jobs = session.query(extra=extra, max_age=0.0)
+        answer = session.jobs.last_answer
     pointer = session.dir.read_ray_head()
     endpoint = session.dir.read_head_endpoint(pointer) if pointer else None
     observation = None

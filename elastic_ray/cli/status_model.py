@@ -217,6 +217,20 @@ CHECK_WORKER_FAILED = 4
 CHECK_HEAD_STARTING = 5
 
 
+def answer_outdated(jobs: Mapping[str, JobInfo], nodes: Mapping[str, Mapping[str, NodeState]],
+                    asked_at: float) -> bool:
+    """Pure: a shared scheduler answer that the session's own files already
+    contradict. A job the answer shows queued whose agent wrote its node file
+    after the answer was asked has started since: showing it PENDING, and its
+    live agent as GONE, would mislead (seen right after ``session create
+    --wait``, whose last answer said PENDING). ``status`` then asks afresh."""
+    for job_id, info in jobs.items():
+        if info.state is JobState.PENDING and any(
+                state.updated_at > asked_at for state in nodes.get(job_id, {}).values()):
+            return True
+    return False
+
+
 def health(status: Mapping[str, Any]) -> tuple[int, list[str]]:
     """Pure: the ``--check`` exit code of a status and the reasons for it.
 

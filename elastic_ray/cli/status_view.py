@@ -124,7 +124,8 @@ def render_status(status: Mapping[str, Any]) -> Group:
     for row in status["jobs"]:
         nodes = row["nodes"]
         state = Text(row["state"], style=_STATE_STYLE.get(row["state"], "red"))
-        reason = row["reason"] if row["state"] != "RUNNING" else ""
+        # squeue prints "None" for a job that has no reason: nothing to show.
+        reason = row["reason"] if row["state"] != "RUNNING" and row["reason"] != "None" else ""
         if reason and len(reason) <= SHORT_REASON:
             state.append(f" ({reason})", style="dim")
         failure = _failure_text(row.get("failure"))
