@@ -497,6 +497,7 @@ class HostedHeadState(str, enum.Enum):
     """A head hosted on a worker allocation's first node, as its agent reports it."""
 
     STARTING = "STARTING"
+    STANDBY = "STANDBY"      # up but not the run's head: a warm standby (``RayLauncher.standby_head``)
     READY = "READY"
     FAILED = "FAILED"
 
@@ -550,7 +551,7 @@ def _nested(key: str, read: Callable[[], Any]) -> Any:
 class HostedHead:
     """The head an agent hosts for the run next to its own worker Ray.
 
-    ``address`` is set once READY (the GCS), ``reason`` once FAILED; each key
+    ``address`` is set once STANDBY or READY (the GCS), ``reason`` once FAILED; each key
     is written only when set, as the agent always has.
     """
 
