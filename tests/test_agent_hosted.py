@@ -418,3 +418,14 @@ def test_a_promoting_standby_leaving_is_not_handed_over_either():
 def test_the_standbys_heartbeat_is_not_ok():
     assert heartbeat(standby(), State.JOINED) == (False, False)
     assert not own_head_live_at_once(standby(), OWN, heard=False)
+
+
+def test_the_standbys_pid_is_published_and_kept_by_the_head_it_becomes():
+    h, _ = step(Hosting(FIRST), StandbyRequested(0))
+    h, _ = step(h, HostedStarted(1, ADDR, up=True, pid=4321))
+    assert h.as_status() == {"state": "STANDBY", "address": ADDR, "at": 1, "pid": 4321}
+    h, _ = step(h, HostRequested(2))
+    h, _ = step(h, EndpointWritten(2.05, ADDR))
+    assert h.as_status() == {"state": "READY", "address": ADDR, "at": 2.05, "pid": 4321}
+    failed, _ = step(h, HostedRayEnded(3))
+    assert "pid" not in failed.as_status()

@@ -94,6 +94,7 @@ class Hosting:
     at: float | None = None                   # when ``state`` began
     goal: Goal = Goal.HEAD                    # STARTING or STANDBY: what it is for
     address: str | None = None                # STANDBY, READY: the GCS address
+    pid: int | None = None                    # STANDBY, READY: its `ray start` (the node's PID)
     reason: str | None = None                 # FAILED: why
     handover: Handover | None = None
 
@@ -106,7 +107,8 @@ class Hosting:
         if self.state is None:
             return None
         if self.state in (HostedState.READY, HostedState.STANDBY):
-            return {"state": self.state.value, "address": self.address, "at": self.at}
+            up = {"state": self.state.value, "address": self.address, "at": self.at}
+            return up if self.pid is None else {**up, "pid": self.pid}
         if self.state is HostedState.FAILED:
             return {"state": self.state.value, "reason": self.reason, "at": self.at}
         return {"state": self.state.value, "at": self.at}
@@ -139,6 +141,7 @@ class HostedStarted:
     now: float
     address: str | None
     up: bool
+    pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -245,8 +248,8 @@ def step(h: Hosting, event: HostedEvent) -> tuple[Hosting, list[HostedAction]]:
         if not event.up or h.goal is Goal.NONE:
             return h, [KillHostedHead()]
         if h.goal is Goal.HEAD:
-            return h, [WriteEndpoint()]
-        return (replace(h, state=HostedState.STANDBY, at=event.now, address=event.address),
+            return replace(h, pid=event.pid), [WriteEndpoint()]
+        return (replace(h, state=HostedState.STANDBY, at=event.now, address=event.address, pid=event.pid),
                 [Log("standby_head_ready", (("address", event.address),)), StatusSoon()])
     if isinstance(event, EndpointWritten) and h.goal is Goal.HEAD and s in (HostedState.STARTING, HostedState.STANDBY):
         return (replace(h, state=HostedState.READY, at=event.now, address=event.address),
@@ -302,7 +305,7 @@ def _request(h: Hosting, event: HostRequested | StandbyRequested | DropRequested
         return h, [Reply({"ok": False, "error": refusal})]
     wanted = Goal.HEAD if isinstance(event, HostRequested) else Goal.STANDBY
     if s is None or s is HostedState.FAILED:
-        h = replace(h, state=HostedState.STARTING, at=event.now, goal=wanted, address=None, reason=None)
+        h = replace(h, state=HostedState.STARTING, at=event.now, goal=wanted, address=None, pid=None, reason=None)
         return h, [StartHostedHead(), PublishStatus(), Reply({"ok": True, "hosted_head": h.as_status()})]
     if s is HostedState.STANDBY and goal is Goal.NONE:
         # Its kill is under way and cannot be undone; the ports it holds are free once it is over.
@@ -321,7 +324,7 @@ def _request(h: Hosting, event: HostRequested | StandbyRequested | DropRequested
 
 
 def _failed(h: Hosting, now: float, reason: str) -> Hosting:
-    return replace(h, state=HostedState.FAILED, at=now, address=None, reason=reason)
+    return replace(h, state=HostedState.FAILED, at=now, address=None, pid=None, reason=reason)
 
 
 # ------------------------------------------------------------------ questions

@@ -171,7 +171,8 @@ class HostedHead:
         if up is None:
             return  # the agent is exiting; its shutdown stops the node
         handle.raylet = join.find_proc(handle.node.raylet_pid())
-        self._handle(HostedStarted(time.time(), handle.address, up and handle.node.poll_exit() is None), handle)
+        self._handle(HostedStarted(time.time(), handle.address, up and handle.node.poll_exit() is None,
+                                   handle.node.pid), handle)
 
 
 def _exit_code(actions: list[HostedAction]) -> int | None:

@@ -559,6 +559,7 @@ class HostedHead:
     at: float
     address: str | None = None
     reason: str | None = None
+    pid: int | None = None        # STANDBY, READY: the PID of its `ray start`
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"state": self.state.value}
@@ -567,6 +568,8 @@ class HostedHead:
         if self.reason is not None:
             data["reason"] = self.reason
         data["at"] = self.at
+        if self.pid is not None:
+            data["pid"] = self.pid
         return data
 
     @classmethod
@@ -576,6 +579,7 @@ class HostedHead:
             at=float(_get(data, "at", (int, float))),
             address=_get(data, "address", str, optional=True),
             reason=_get(data, "reason", str, optional=True),
+            pid=_get(data, "pid", int, optional=True),
         )
 
 
