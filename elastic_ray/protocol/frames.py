@@ -83,7 +83,8 @@ SKEW_WINDOW = 30.0
 DEFAULT_GUARD_CAPACITY = 8192
 """About 2 MB when full; allows ~270 accepted frames per second sustained."""
 
-REQUEST_KINDS = frozenset({"status", "drain", "follow", "host_head", "shutdown", "mark_dead"})
+REQUEST_KINDS = frozenset({"status", "drain", "follow", "host_head", "standby_head", "drop_standby", "shutdown",
+                           "mark_dead"})
 REPLY_KIND = "reply"
 HEARTBEAT_KIND = "heartbeat"
 ALL_KINDS = REQUEST_KINDS | {REPLY_KIND, HEARTBEAT_KIND}
