@@ -267,3 +267,20 @@ def test_a_look_that_raises_is_not_repeated_at_once():
 def test_only_a_standby_launcher_gets_a_keeper():
     assert standby.keeper(FakeSession(rec(), {}, {}, RayLauncher()), 30.0) is None
     assert isinstance(standby.keeper(FakeSession(rec(), {}, {}), 30.0), StandbyKeeper)
+
+
+def test_a_removed_allocation_still_running_loses_its_standby():
+    """Removal records ``removed`` as soon as the drain is asked; its agents run on meanwhile."""
+    s = FakeSession(rec(W("10", state="removed"), W("11")), jobs(J("1"), J("10", left=7200), J("11", left=600)),
+                    nodes(first("10", STANDBY, state="DRAINING"), first("11")))
+    got = StandbyKeeper(s, interval=30.0).apply(NOW)
+    assert got == StandbyPlan("11", place_on="11", drop_on=("10",), soon=True)
+    assert [(kind, body["job"]) for _, kind, body in s.sent] == [("drop_standby", "10"), ("standby_head", "11")]
+
+
+@pytest.mark.parametrize("state, listed", [(R, True), (JobState.COMPLETING, True), (JobState.CANCELLED, False),
+                                           (None, False)])
+def test_agents_may_run_in_a_removed_allocation_while_its_job_is_active(state, listed):
+    record = rec(W("10", state="removed"), W("11"), W("12", state="draining"))
+    answer = jobs(J("11"), J("12"), *([J("10", state)] if state is not None else []))
+    assert standby.agents_may_run(record, answer) == (["10", "11", "12"] if listed else ["11", "12"])

@@ -72,6 +72,15 @@ def _job_key(job_id: str) -> tuple[int, str]:
     return (int(job_id), job_id) if job_id.isdigit() else (-1, job_id)
 
 
+def agents_may_run(record: AllocationRecord, jobs: Mapping[str, JobInfo]) -> list[str]:
+    """The worker allocations whose agents may still hold a standby: every
+    one not removed, and a removed one whose job is still active (it is
+    recorded ``removed`` as soon as its drain is asked, while its agents run
+    on until they leave)."""
+    return [job for job, worker in record.workers.items()
+            if worker.state != "removed" or ((info := jobs.get(job)) is not None and info.state.is_active)]
+
+
 def _hosted(state: NodeState | None) -> HostedHeadState | None:
     return None if state is None or state.hosted_head is None else state.hosted_head.state
 
@@ -164,7 +173,7 @@ class StandbyKeeper:
         self.next_at = now + self.interval   # a look that fails is not repeated at once
         rec = s.record()
         jobs = s.query(max_age=watch_max_age())
-        nodes = {job: s.node_states(job) for job, worker in rec.workers.items() if worker.state != "removed"}
+        nodes = {job: s.node_states(job) for job in agents_may_run(rec, jobs)}
         plan = standby_plan(rec, jobs, nodes, s.launcher, now)
         if plan != self.last:
             log.info("event=standby_plan session=%s target=%s place=%s drop=%s why=%r", s.job_name, plan.target,
@@ -202,4 +211,4 @@ def keeper(session: StandbySession, interval: float) -> StandbyKeeper | None:
     return StandbyKeeper(session, interval) if session.launcher.standby_head else None
 
 
-__all__ = ["keeper", "RECHECK_SOON", "StandbyKeeper", "StandbyPlan", "StandbySession", "first_node", "standby_plan"]
+__all__ = ["agents_may_run", "keeper", "RECHECK_SOON", "StandbyKeeper", "StandbyPlan", "StandbySession", "first_node", "standby_plan"]
