@@ -3,7 +3,7 @@
 Prints figures; asserts nothing. Needs root and the lab (``python3
 integration/lab up 4``; started and stopped here if it is down):
 
-    .venv/bin/python bench/bench_head_capacity.py [--runs 5] [--orders all,host-first]
+    .venv/bin/python bench/bench_head_capacity.py [--runs 5] [--orders all,host-first] [--modes off,standby]
 
 Each run is the fault matrix's ``head-cancel`` scenario (``integration/faults``):
 a separate CPU head on ``cpu``, 2-CPU worker allocations on ``gpu-a`` and
@@ -28,6 +28,16 @@ events, the agents' own logs and the payload's trace:
 moment it sees the new head) against ``host-first`` (the default: see
 ``elastic_ray.agent.rejoin_order``). The lab's nodes share one machine and
 its 2 cores, which is what makes the order matter here.
+
+``--modes`` alternates the warm standby head (``RayLauncher.standby_head``)
+run by run: ``off`` (the election starts `ray start --head` on the elected
+allocation) against ``standby`` (a standby keeper, the one the session's
+supervisor runs, places a standby head on the allocation the next election
+would pick; the ``scancel`` waits until its node file says STANDBY, so the
+election only publishes it). The harness's session runs without a
+supervisor (only the seed's loop acts), so here the keeper runs alone, on a
+thread of this process, from just before the fault; ``host ready`` is then
+the standby's promotion. Columns are ``order/mode`` when both vary.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from integration.faults import lab_ops  # noqa: E402
 from integration.faults.harness import Result, run_scenario  # noqa: E402
 from integration.faults.scenarios import BY_NAME  # noqa: E402
 
+MODES = ("off", "standby")
 PHASES = ("driver ended", "elected", "host ready", "host worker", "other worker", "task runs", "work again")
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ event=(\w+) (.*)$")
 
@@ -120,6 +131,57 @@ def phases(res: Result) -> dict[str, float | None]:
     return out
 
 
+class _StandbySession:
+    """The harness's session as the keeper sees it: the launcher with
+    ``standby_head`` on (the session was created without it), all else its own."""
+
+    def __init__(self, session):
+        self._session = session
+        self.launcher = replace(session.launcher, standby_head=True)
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
+def with_standby(inject):
+    """Wrap a scenario's fault: start a standby keeper, wait for its standby, then inject."""
+    import threading
+
+    from elastic_ray.coordinator.standby import StandbyKeeper, first_node
+    from elastic_ray.protocol.records import HostedHeadState
+
+    def run(ctx) -> None:
+        keeper = StandbyKeeper(_StandbySession(ctx.session), interval=5.0)
+        stop = threading.Event()
+
+        def keep() -> None:
+            while not stop.is_set():
+                try:
+                    if keeper.due(time.time()):
+                        keeper.apply(time.time())
+                except Exception as exc:  # noqa: BLE001 - a bench keeps going; the figures show it
+                    ctx.event(f"standby keeper: {type(exc).__name__}: {exc}")
+                stop.wait(0.5)
+
+        threading.Thread(target=keep, daemon=True, name="bench-standby").start()
+
+        def standing() -> str | None:
+            target = keeper.last.target if keeper.last is not None else None
+            first = first_node(ctx.session.node_states(target)) if target else None
+            hosted = first.hosted_head if first is not None else None
+            return target if hosted is not None and hosted.state is HostedHeadState.STANDBY else None
+
+        deadline = time.monotonic() + 120
+        while (job := standing()) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no standby head within 120 s")
+            time.sleep(0.2)
+        ctx.event(f"standby head ready on {job}")
+        inject(ctx)
+
+    return run
+
+
 def _read(path: str) -> list[str]:
     p = Path(path)
     return p.read_text().splitlines() if path and p.exists() else []
@@ -136,11 +198,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5, help="runs of each order (alternating)")
     ap.add_argument("--orders", default="all,host-first",
                     help="comma-separated rejoin orders to alternate (all, host-first)")
+    ap.add_argument("--standby", action="store_true", help="shorthand for --modes off,standby")
+    ap.add_argument("--modes", default="off",
+                    help="comma-separated standby modes to alternate (off, standby)")
     args = ap.parse_args(argv)
     orders = [o.strip() for o in args.orders.split(",") if o.strip()]
     bad = [o for o in orders if o not in ("all", "host-first")]
     if bad or not orders:
         ap.error(f"--orders: unknown order(s) {bad}; use all and/or host-first")
+    modes = ["off", "standby"] if args.standby else [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        ap.error(f"--modes: unknown mode(s) {bad}; use off and/or standby")
+    combos = [(o, m) for o in orders for m in modes]
+    label = lambda o, m: o if len(modes) == 1 else m if len(orders) == 1 else f"{o}/{m}"  # noqa: E731
 
     labctl = lab_ops.labctl
     started = not labctl.is_up()
@@ -150,29 +221,32 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["SLURM_CONF"] = str(labctl.settings_from_env().conf)
     base = labctl.settings_from_env().shared_dir / "bench-capacity"
     base.mkdir(parents=True, exist_ok=True)
-    table: dict[str, list[dict[str, float | None]]] = {o: [] for o in orders}
+    table: dict[str, list[dict[str, float | None]]] = {label(o, m): [] for o, m in combos}
     problems: list[str] = []
     try:
         for i in range(args.runs):
-            for order in orders:
+            for order, mode in combos:
                 sc = replace(BY_NAME["head-cancel"], agent_env={"ELASTIC_AGENT_REJOIN_ORDER": order})
+                if mode == "standby":
+                    sc = replace(sc, inject=with_standby(sc.inject))
                 res = run_scenario(sc, base)
                 ph = phases(res)
-                table[order].append(ph)
+                name = label(order, mode)
+                table[name].append(ph)
                 if not res.ok:
-                    problems.append(f"run {i + 1} {order}: {'; '.join(res.failures)}")
-                print(f"run {i + 1} {order:10} " + "  ".join(
+                    problems.append(f"run {i + 1} {name}: {'; '.join(res.failures)}")
+                print(f"run {i + 1} {name:18} " + "  ".join(
                     f"{k}={'-' if v is None else f'{v:.2f}'}" for k, v in ph.items()), flush=True)
     finally:
         if started:
             labctl.down()
 
-    print(f"\nhead cancelled -> phases, seconds after scancel; median (range) of {args.runs} runs per order, "
-          f"orders alternating run by run")
-    print(f"| phase | {' | '.join(orders)} |")
-    print(f"|---|{'---|' * len(orders)}")
+    print(f"\nhead cancelled -> phases, seconds after scancel; median (range) of {args.runs} runs per column, "
+          f"columns alternating run by run")
+    print(f"| phase | {' | '.join(table)} |")
+    print(f"|---|{'---|' * len(table)}")
     for phase in PHASES:
-        cells = [_fmt([r[phase] for r in table[o] if r[phase] is not None]) for o in orders]
+        cells = [_fmt([r[phase] for r in table[c] if r[phase] is not None]) for c in table]
         print(f"| {phase} | {' | '.join(cells)} |")
     for p in problems:
         print(f"problem: {p}")

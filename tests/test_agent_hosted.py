@@ -11,8 +11,10 @@ import pytest
 
 from elastic_ray.agent.hosted import (
     ENDING_GRACE,
+    DropRequested,
     EndpointWritten,
     ExitWanted,
+    Goal,
     Handover,
     HandoverTick,
     HostedKilled,
@@ -23,9 +25,12 @@ from elastic_ray.agent.hosted import (
     HostSettings,
     Hosting,
     KillHostedHead,
+    KillStandby,
     Log,
+    PromoteStandby,
     PublishStatus,
     Reply,
+    StandbyRequested,
     StartHostedHead,
     StatusSoon,
     WriteEndpoint,
@@ -33,6 +38,7 @@ from elastic_ray.agent.hosted import (
     may_serve,
     own_head_live_at_once,
     step,
+    watched,
 )
 from elastic_ray.agent.machine import Exit, State
 
@@ -236,3 +242,190 @@ def test_the_hosted_heartbeat_says_draining_during_the_hand_over_and_not_ok_unle
     h, _ = step(ready(), exit_wanted(10, drain_deadline=100))
     assert heartbeat(h, State.JOINED) == (True, True)
     assert heartbeat(step(Hosting(FIRST), HostRequested(0))[0], State.JOINED) == (False, False)
+
+
+# ------------------------------------------------------------------ the warm standby
+
+def standby(t=0.0):
+    """A record whose standby is up (started at t)."""
+    h, _ = run([
+        (StandbyRequested(t), HostedState.STARTING, [StartHostedHead, PublishStatus, Reply]),
+        (HostedStarted(t + 1, ADDR, up=True), HostedState.STANDBY, [Log, StatusSoon]),
+    ])
+    return h
+
+
+def test_a_standby_starts_like_a_head_but_writes_no_endpoint():
+    h, actions = run([(StandbyRequested(5), HostedState.STARTING, [StartHostedHead, PublishStatus, Reply])])
+    assert reply(actions) == {"ok": True, "hosted_head": {"state": "STARTING", "at": 5}} and h.goal is Goal.STANDBY
+    h, actions = run([(HostedStarted(7, ADDR, up=True), HostedState.STANDBY, [Log, StatusSoon])], h)
+    assert logs(actions) == [("standby_head_ready", {"address": ADDR})]
+    assert h.as_status() == {"state": "STANDBY", "address": ADDR, "at": 7}
+    assert not h.ready and not may_serve(h, True)
+
+
+@pytest.mark.parametrize("settings, error", [
+    (HostSettings(OWN, "head", 0, True, "hash_jobid"), "only the first node of a worker allocation hosts a head"),
+    (HostSettings(OWN, "worker", 1, True, "random"), "only the first node of a worker allocation hosts a head"),
+    (HostSettings(OWN, "worker", 0, False, "fixed"), "port_strategy 'fixed' cannot host a head"),
+])
+def test_a_node_that_may_not_host_refuses_a_standby_too(settings, error):
+    h, actions = run([(StandbyRequested(1), None, [Reply])], Hosting(settings))
+    assert reply(actions) == {"ok": False, "error": error}
+
+
+def test_a_standby_request_is_idempotent():
+    h, actions = run([
+        (StandbyRequested(0), HostedState.STARTING, [StartHostedHead, PublishStatus, Reply]),
+        (StandbyRequested(1), HostedState.STARTING, [Reply]),
+    ])
+    assert h.goal is Goal.STANDBY
+    h = standby()
+    assert step(h, StandbyRequested(9)) == (h, [Reply({"ok": True, "hosted_head": h.as_status()})])
+
+
+def test_a_standby_request_leaves_a_head_a_head():
+    for h in (ready(), step(Hosting(FIRST), HostRequested(0))[0]):
+        h2, actions = step(h, StandbyRequested(9))
+        assert h2 == h and [type(a) for a in actions] == [Reply] and reply(actions)["ok"]
+
+
+def test_host_head_on_a_standby_only_publishes_it():
+    h, actions = run([(HostRequested(10), HostedState.STANDBY, [Log, PromoteStandby, Reply])], standby())
+    assert StartHostedHead not in [type(a) for a in actions]
+    assert h.goal is Goal.HEAD and reply(actions)["ok"]
+    assert logs(actions) == [("standby_head_promoted", {"address": ADDR})]
+    h, actions = run([(EndpointWritten(10.05, ADDR), HostedState.READY, [Log, StatusSoon])], h)
+    assert h.as_status() == {"state": "READY", "address": ADDR, "at": 10.05} and h.ready
+
+
+def test_host_head_during_a_standbys_start_makes_that_start_the_heads():
+    h, _ = run([(StandbyRequested(0), HostedState.STARTING, [StartHostedHead, PublishStatus, Reply])])
+    h, actions = run([(HostRequested(1), HostedState.STARTING, [Reply])], h)
+    assert h.goal is Goal.HEAD
+    run([(HostedStarted(2, ADDR, up=True), HostedState.STARTING, [WriteEndpoint]),
+         (EndpointWritten(2.1, ADDR), HostedState.READY, [Log, StatusSoon])], h)
+
+
+def test_a_repeated_host_head_while_promoting_does_nothing_more():
+    h, _ = step(standby(), HostRequested(10))
+    assert step(h, HostRequested(11)) == (h, [Reply({"ok": True, "hosted_head": h.as_status()})])
+
+
+def test_dropping_a_standby_kills_it_then_forgets_it():
+    h, actions = run([(DropRequested(20), HostedState.STANDBY, [Log, KillStandby, Reply])], standby())
+    assert h.goal is Goal.NONE and reply(actions)["ok"]
+    h, actions = run([(HostedKilled(21), None, [Log, StatusSoon])], h)
+    assert h == Hosting(FIRST) and logs(actions) == [("standby_head_dropped", {})]
+
+
+def test_dropping_a_starting_standby_kills_it_once_its_start_is_over():
+    h, _ = run([(StandbyRequested(0), HostedState.STARTING, [StartHostedHead, PublishStatus, Reply])])
+    h, actions = run([(DropRequested(1), HostedState.STARTING, [Log, Reply])], h)
+    assert h.goal is Goal.NONE
+    for up in (True, False):
+        h2, _ = run([(HostedStarted(2, ADDR, up=up), HostedState.STARTING, [KillHostedHead]),
+                     (HostedKilled(3), None, [Log, StatusSoon])], h)
+        assert h2 == Hosting(FIRST)
+
+
+@pytest.mark.parametrize("wanted, goal", [(StandbyRequested(2), Goal.STANDBY), (HostRequested(2), Goal.HEAD)])
+def test_a_request_during_a_dropped_standbys_start_keeps_that_start(wanted, goal):
+    h, _ = step(Hosting(FIRST), StandbyRequested(0))
+    h, _ = step(h, DropRequested(1))
+    h, actions = run([(wanted, HostedState.STARTING, [Reply])], h)
+    assert h.goal is goal
+
+
+@pytest.mark.parametrize("wanted", [StandbyRequested(22), HostRequested(22)])
+def test_a_request_while_a_standby_is_being_killed_is_refused_for_now(wanted):
+    h, _ = step(standby(), DropRequested(20))
+    h2, actions = run([(wanted, HostedState.STANDBY, [Reply])], h)
+    assert h2 == h
+    assert reply(actions) == {"ok": False, "error": "the standby head is being stopped; ask again in a moment"}
+
+
+def test_after_a_drop_a_new_standby_may_start():
+    h, _ = step(standby(), DropRequested(20))
+    h, _ = step(h, HostedKilled(21))
+    run([(StandbyRequested(30), HostedState.STARTING, [StartHostedHead, PublishStatus, Reply])], h)
+
+
+@pytest.mark.parametrize("h", [
+    ready(),
+    step(Hosting(FIRST), HostRequested(0))[0],      # a head starting
+    step(standby(), HostRequested(10))[0],           # a standby being promoted
+], ids=["ready", "starting head", "promoting"])
+def test_a_head_is_never_dropped(h):
+    h2, actions = step(h, DropRequested(30))
+    assert h2 == h
+    assert reply(actions) == {"ok": False, "error": "the hosted head is the run's head; it is not dropped"}
+
+
+@pytest.mark.parametrize("h", [Hosting(FIRST), step(ready(), HostedRayEnded(5))[0]], ids=["none", "failed"])
+def test_dropping_nothing_is_fine_and_changes_nothing(h):
+    h2, actions = step(h, DropRequested(30))
+    assert h2 == h and [type(a) for a in actions] == [Reply] and reply(actions)["ok"]
+
+
+def test_a_standby_that_does_not_start_fails_like_a_head():
+    h, _ = step(Hosting(FIRST), StandbyRequested(0))
+    h, _ = run([(HostedStarted(120, None, up=False), HostedState.STARTING, [KillHostedHead]),
+                (HostedKilled(121), HostedState.FAILED, [Log, StatusSoon])], h)
+    assert h.as_status()["reason"] == "the head did not start; see the Ray log"
+    run([(StandbyRequested(130), HostedState.STARTING, [StartHostedHead, PublishStatus, Reply])], h)
+
+
+@pytest.mark.parametrize("h", [standby(), step(standby(), HostRequested(10))[0]], ids=["standby", "promoting"])
+def test_a_standby_whose_ray_ended_fails(h):
+    assert watched(h)
+    h2, actions = run([(HostedRayEnded(40), HostedState.FAILED, [Log, PublishStatus])], h)
+    assert h2.as_status() == {"state": "FAILED", "reason": "the standby head's Ray stopped", "at": 40}
+    assert logs(actions) == [("hosted_head_failed", {"was": "STANDBY"})]
+
+
+def test_the_end_of_a_dropped_standbys_ray_is_its_kill_not_a_failure():
+    h, _ = step(standby(), DropRequested(20))
+    assert not watched(h)
+    assert step(h, HostedRayEnded(21)) == (h, [])
+
+
+def test_watched_only_once_up():
+    assert not watched(Hosting(FIRST))
+    assert not watched(step(Hosting(FIRST), StandbyRequested(0))[0])
+    assert watched(ready()) and watched(standby())
+    assert not watched(step(ready(), HostedRayEnded(5))[0])
+
+
+@pytest.mark.parametrize("event", [EndpointWritten(5, ADDR), HostedStarted(5, ADDR, True), HostedKilled(5),
+                                   HandoverTick(5, OWN)])
+def test_a_standing_standby_ignores_stray_outcomes(event):
+    h = standby()
+    assert step(h, event) == (h, [])
+
+
+@pytest.mark.parametrize("pointer", [OWN, "21", None])
+def test_a_standby_is_never_handed_over(pointer):
+    h2, actions = step(standby(), exit_wanted(10, pointer=pointer, code=2))
+    assert actions == [Exit(2)] and h2.handover is None
+
+
+def test_a_promoting_standby_leaving_is_not_handed_over_either():
+    h, _ = step(standby(), HostRequested(10))
+    assert step(h, exit_wanted(11))[1] == [Exit(0)]
+
+
+def test_the_standbys_heartbeat_is_not_ok():
+    assert heartbeat(standby(), State.JOINED) == (False, False)
+    assert not own_head_live_at_once(standby(), OWN, heard=False)
+
+
+def test_the_standbys_pid_is_published_and_kept_by_the_head_it_becomes():
+    h, _ = step(Hosting(FIRST), StandbyRequested(0))
+    h, _ = step(h, HostedStarted(1, ADDR, up=True, pid=4321))
+    assert h.as_status() == {"state": "STANDBY", "address": ADDR, "at": 1, "pid": 4321}
+    h, _ = step(h, HostRequested(2))
+    h, _ = step(h, EndpointWritten(2.05, ADDR))
+    assert h.as_status() == {"state": "READY", "address": ADDR, "at": 2.05, "pid": 4321}
+    failed, _ = step(h, HostedRayEnded(3))
+    assert "pid" not in failed.as_status()

@@ -414,7 +414,8 @@ def fuzz_cases(rng: random.Random, endpoint: str, captured: list[list[bytes]]):
         elif category == "replay":
             yield list(rng.choice(captured)), "replay"
         elif category == "wrong_secret":
-            yield valid(rng.choice(sorted(REQUEST_KINDS - {"drain", "follow", "host_head", "mark_dead"})),
+            yield valid(rng.choice(sorted(REQUEST_KINDS - {"drain", "follow", "host_head", "standby_head",
+                                                           "drop_standby", "mark_dead"})),
                         secret=WRONG_SECRET), "bad_tag"
         elif category == "parts":
             parts = valid()

@@ -42,6 +42,8 @@ from elastic_ray.protocol.records import (
     AllocationEnding,
     AllocationRecord,
     ElectionClaim,
+    HostedHead,
+    HostedHeadState,
     HeadEndpoint,
     SessionInfo,
     WorkerRecord,
@@ -228,9 +230,11 @@ def test_status_model_lists_every_job_with_role_state_nodes_and_drain():
         "24": "PENDING", "30": "RUNNING"}
     assert rows["21"]["nodes"] == [
         {"node": "gpua-1", "ray_node_id": "a" * 56, "node_state": "JOINED", "node_state_reason": "",
-         "agent_state": "JOINED", "agent_exited": False, "agent_stale": False, "agent_updated_age": 2.0},
+         "agent_state": "JOINED", "agent_exited": False, "agent_stale": False, "agent_updated_age": 2.0,
+         "hosted_head": None},
         {"node": "gpua-2", "ray_node_id": None, "node_state": "RESTART_BACKOFF", "node_state_reason": "",
-         "agent_state": "RESTART_BACKOFF", "agent_exited": False, "agent_stale": True, "agent_updated_age": 60.0}]
+         "agent_state": "RESTART_BACKOFF", "agent_exited": False, "agent_stale": True, "agent_updated_age": 60.0,
+         "hosted_head": None}]
     # A node only the agent knows of (the job is gone from the scheduler) still shows.
     assert rows["23"]["nodes"][0]["node"] == "cpu-2" and rows["23"]["nodes"][0]["agent_exited"]
     assert rows["23"]["partition"] == "cpu"  # from the record when the scheduler forgot
@@ -616,3 +620,19 @@ def test_an_unexpected_option_error_reports_the_option(tmp_path):
     result = CliRunner().invoke(main, ["session", "status", str(tmp_path), "--bogus"])
     assert result.exit_code == 2 and "--bogus" in result.output
     assert isinstance(OptionError("--x", "y"), click.UsageError)
+
+
+def test_status_notes_a_standby_head_and_a_failed_hosted_head():
+    record, jobs, nodes, endpoint, observation = _fabricated()
+    nodes = dict(nodes)
+    nodes["21"] = dict(nodes["21"], **{"gpua-1": replace(
+        nodes["21"]["gpua-1"], hosted_head=HostedHead(HostedHeadState.STANDBY, NOW - 3, address="10.0.0.5:6380"))})
+    nodes["22"] = {"gpub-1": replace(nodes["22"]["gpub-1"], hosted_head=HostedHead(HostedHeadState.FAILED, NOW - 3,
+                                                                                     reason="it stopped"))}
+    status = _status(nodes=nodes)
+    rows = {r["job_id"]: r for r in status["jobs"]}
+    assert [n["hosted_head"] for n in rows["21"]["nodes"]] == ["STANDBY", None]
+    assert rows["22"]["nodes"][0]["hosted_head"] == "FAILED"
+    text = _text(status)
+    assert "standby head" in text and "hosted head FAILED" in text
+    assert "standby head" not in _text(_status())

@@ -9,14 +9,31 @@ apart from the node's worker state machine::
                              +--no GCS in time (or `ray start` ended), node killed--> FAILED
     FAILED --host_head--> STARTING (another try)
 
+A warm standby (``RayLauncher.standby_head``) is the same control plane
+started ahead of an election, on the allocation the next election would
+pick, without the endpoint that would make it the run's head::
+
+    (none)/FAILED --standby_head--> STARTING (goal standby) --GCS open--> STANDBY
+    STANDBY --host_head--> STANDBY (goal head) --endpoint written--> READY    (no `ray start`)
+    STANDBY --drop_standby--> STANDBY (goal none) --node killed--> (none)
+    STANDBY --its Ray ended--> FAILED
+
+The record's ``goal`` says what a start in flight (or a standby) is for:
+``head`` (write the endpoint once up), ``standby`` (stay up, unpublished) or
+``none`` (dropped: kill it once the start is over). A ``host_head`` during a
+standby's start only changes the goal, so the start under way serves the
+head; a ``drop_standby`` never touches a head (goal ``head``).
+
 The record changes only after the effect it reports: READY once the endpoint
 is written (workers can find the head), FAILED once a failed start was killed
-(a new request cannot start a second head on ports the first still holds).
+(a new request cannot start a second head on ports the first still holds),
+(none) once a dropped standby was killed, for the same reason.
 
 An agent that hosts the run's head and is about to exit hands the head over
 first, as a head allocation does: it stays until the session moved the head
 elsewhere, the hosted head failed, or the deadline came, so the run's GCS does
-not go down with this node while workers still follow it.
+not go down with this node while workers still follow it. A standby is never
+the run's head: it goes with the node, without a hand-over.
 
 The runner (``agent.hosted_head``) turns what happens into events, feeds them
 to :func:`step` and carries out the actions it returns.
@@ -33,8 +50,16 @@ from .machine import ENDING_GRACE, Exit, State
 
 class HostedState(str, enum.Enum):
     STARTING = "STARTING"
+    STANDBY = "STANDBY"
     READY = "READY"
     FAILED = "FAILED"
+
+
+class Goal(str, enum.Enum):
+    """What the hosted control plane is for (see the module docstring)."""
+    HEAD = "head"
+    STANDBY = "standby"
+    NONE = "none"
 
 
 @dataclass(frozen=True)
@@ -65,9 +90,11 @@ class Handover:
 @dataclass(frozen=True)
 class Hosting:
     settings: HostSettings
-    state: HostedState | None = None          # None: never asked to host
+    state: HostedState | None = None          # None: never asked to host (or a standby dropped)
     at: float | None = None                   # when ``state`` began
-    address: str | None = None                # READY: the GCS address
+    goal: Goal = Goal.HEAD                    # STARTING or STANDBY: what it is for
+    address: str | None = None                # STANDBY, READY: the GCS address
+    pid: int | None = None                    # STANDBY, READY: its `ray start` (the node's PID)
     reason: str | None = None                 # FAILED: why
     handover: Handover | None = None
 
@@ -79,8 +106,9 @@ class Hosting:
         """The ``hosted_head`` entry of the agent's status (read by the coordinator)."""
         if self.state is None:
             return None
-        if self.state is HostedState.READY:
-            return {"state": self.state.value, "address": self.address, "at": self.at}
+        if self.state in (HostedState.READY, HostedState.STANDBY):
+            up = {"state": self.state.value, "address": self.address, "at": self.at}
+            return up if self.pid is None else {**up, "pid": self.pid}
         if self.state is HostedState.FAILED:
             return {"state": self.state.value, "reason": self.reason, "at": self.at}
         return {"state": self.state.value, "at": self.at}
@@ -95,12 +123,25 @@ class HostRequested:
 
 
 @dataclass(frozen=True)
+class StandbyRequested:
+    """The coordinator asks this agent to keep a standby head up."""
+    now: float
+
+
+@dataclass(frozen=True)
+class DropRequested:
+    """The coordinator moved the standby elsewhere: stop this one."""
+    now: float
+
+
+@dataclass(frozen=True)
 class HostedStarted:
     """The start is over: ``up`` if the head's GCS accepts connections and
     `ray start` still runs; otherwise it did neither within the start timeout."""
     now: float
     address: str | None
     up: bool
+    pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -111,13 +152,13 @@ class EndpointWritten:
 
 @dataclass(frozen=True)
 class HostedKilled:
-    """A head that did not start was killed."""
+    """A head that did not start, or a dropped standby, was killed."""
     now: float
 
 
 @dataclass(frozen=True)
 class HostedRayEnded:
-    """The Ray of a ready hosted head ended."""
+    """The Ray of a ready hosted head (or a standby) ended."""
     now: float
 
 
@@ -139,14 +180,14 @@ class HandoverTick:
     head_job: str | None
 
 
-HostedEvent = HostRequested | HostedStarted | EndpointWritten | HostedKilled | HostedRayEnded | ExitWanted | HandoverTick
+HostedEvent = HostRequested | StandbyRequested | DropRequested | HostedStarted | EndpointWritten | HostedKilled | HostedRayEnded | ExitWanted | HandoverTick
 
 
 # ------------------------------------------------------------------ actions
 
 @dataclass(frozen=True)
 class Reply:
-    """The answer to a ``host_head`` request."""
+    """The answer to a ``host_head``, ``standby_head`` or ``drop_standby`` request."""
     body: dict[str, Any]
 
 
@@ -162,8 +203,19 @@ class WriteEndpoint:
 
 
 @dataclass(frozen=True)
+class PromoteStandby:
+    """Write the standby's endpoint, on a thread of its own (the request's
+    reply must not wait for a file write that a full disk may retry)."""
+
+
+@dataclass(frozen=True)
 class KillHostedHead:
     pass
+
+
+@dataclass(frozen=True)
+class KillStandby:
+    """Kill the standby's Ray (a thread of its own: the event loop must not wait for it)."""
 
 
 @dataclass(frozen=True)
@@ -182,7 +234,7 @@ class StatusSoon:
     """Ask the event loop to write the status at its next turn."""
 
 
-HostedAction = Reply | StartHostedHead | WriteEndpoint | KillHostedHead | Log | PublishStatus | StatusSoon | Exit
+HostedAction = Reply | StartHostedHead | WriteEndpoint | PromoteStandby | KillHostedHead | KillStandby | Log | PublishStatus | StatusSoon | Exit
 
 
 # ------------------------------------------------------------------ the step function
@@ -190,24 +242,27 @@ HostedAction = Reply | StartHostedHead | WriteEndpoint | KillHostedHead | Log | 
 def step(h: Hosting, event: HostedEvent) -> tuple[Hosting, list[HostedAction]]:
     """Apply one event; return the new record and the actions to carry out, in order."""
     s = h.state
-    if isinstance(event, HostRequested):
-        refusal = h.settings.refusal()
-        if refusal is not None:
-            return h, [Reply({"ok": False, "error": refusal})]
-        if s in (HostedState.STARTING, HostedState.READY):
-            return h, [Reply({"ok": True, "hosted_head": h.as_status()})]
-        h = replace(h, state=HostedState.STARTING, at=event.now, address=None, reason=None)
-        return h, [StartHostedHead(), PublishStatus(), Reply({"ok": True, "hosted_head": h.as_status()})]
+    if isinstance(event, (HostRequested, StandbyRequested, DropRequested)):
+        return _request(h, event)
     if isinstance(event, HostedStarted) and s is HostedState.STARTING:
-        return h, [WriteEndpoint()] if event.up else [KillHostedHead()]
-    if isinstance(event, EndpointWritten) and s is HostedState.STARTING:
+        if not event.up or h.goal is Goal.NONE:
+            return h, [KillHostedHead()]
+        if h.goal is Goal.HEAD:
+            return replace(h, pid=event.pid), [WriteEndpoint()]
+        return (replace(h, state=HostedState.STANDBY, at=event.now, address=event.address, pid=event.pid),
+                [Log("standby_head_ready", (("address", event.address),)), StatusSoon()])
+    if isinstance(event, EndpointWritten) and h.goal is Goal.HEAD and s in (HostedState.STARTING, HostedState.STANDBY):
         return (replace(h, state=HostedState.READY, at=event.now, address=event.address),
                 [Log("hosted_head_ready", (("address", event.address),)), StatusSoon()])
-    if isinstance(event, HostedKilled) and s is HostedState.STARTING:
+    if isinstance(event, HostedKilled) and (s is HostedState.STARTING
+                                            or (s is HostedState.STANDBY and h.goal is Goal.NONE)):
+        if h.goal is Goal.NONE:
+            return Hosting(h.settings), [Log("standby_head_dropped"), StatusSoon()]
         return (_failed(h, event.now, "the head did not start; see the Ray log"),
                 [Log("hosted_head_failed"), StatusSoon()])
-    if isinstance(event, HostedRayEnded) and s is HostedState.READY:
-        return _failed(h, event.now, "the hosted head's Ray stopped"), [Log("hosted_head_failed"), PublishStatus()]
+    if isinstance(event, HostedRayEnded) and watched(h):
+        why = "the hosted head's Ray stopped" if s is HostedState.READY else "the standby head's Ray stopped"
+        return _failed(h, event.now, why), [Log("hosted_head_failed", (("was", s.value),)), PublishStatus()]
     if isinstance(event, ExitWanted):
         if not (may_serve(h, event.hosting_node) and event.pointer == h.settings.own_job):
             return h, [Exit(event.code)]
@@ -229,11 +284,56 @@ def step(h: Hosting, event: HostedEvent) -> tuple[Hosting, list[HostedAction]]:
     return h, []
 
 
+def _request(h: Hosting, event: HostRequested | StandbyRequested | DropRequested
+             ) -> tuple[Hosting, list[HostedAction]]:
+    """The three control requests about the hosted control plane."""
+    s, goal = h.state, h.goal
+    if isinstance(event, DropRequested):
+        # Never the run's head (nor one becoming it): only a standby is dropped.
+        if goal is Goal.HEAD and s in (HostedState.STARTING, HostedState.STANDBY, HostedState.READY):
+            return h, [Reply({"ok": False, "error": "the hosted head is the run's head; it is not dropped"})]
+        if s is HostedState.STARTING and goal is Goal.STANDBY:
+            # The start under way is killed once it is over (HostedStarted).
+            h = replace(h, goal=Goal.NONE)
+            return h, [Log("standby_head_drop"), Reply({"ok": True, "hosted_head": h.as_status()})]
+        if s is HostedState.STANDBY and goal is Goal.STANDBY:
+            h = replace(h, goal=Goal.NONE)
+            return h, [Log("standby_head_drop"), KillStandby(), Reply({"ok": True, "hosted_head": h.as_status()})]
+        return h, [Reply({"ok": True, "hosted_head": h.as_status()})]   # nothing (left) to drop
+    refusal = h.settings.refusal()
+    if refusal is not None:
+        return h, [Reply({"ok": False, "error": refusal})]
+    wanted = Goal.HEAD if isinstance(event, HostRequested) else Goal.STANDBY
+    if s is None or s is HostedState.FAILED:
+        h = replace(h, state=HostedState.STARTING, at=event.now, goal=wanted, address=None, pid=None, reason=None)
+        return h, [StartHostedHead(), PublishStatus(), Reply({"ok": True, "hosted_head": h.as_status()})]
+    if s is HostedState.STANDBY and goal is Goal.NONE:
+        # Its kill is under way and cannot be undone; the ports it holds are free once it is over.
+        return h, [Reply({"ok": False, "error": "the standby head is being stopped; ask again in a moment"})]
+    if s is HostedState.STARTING and goal is not Goal.HEAD:
+        # A start under way serves the new goal: a dropped standby's start is
+        # kept, a standby's start becomes the head's.
+        h = replace(h, goal=wanted)
+        return h, [Reply({"ok": True, "hosted_head": h.as_status()})]
+    if s is HostedState.STANDBY and goal is Goal.STANDBY and wanted is Goal.HEAD:
+        # The whole point of a standby: the head is up already, only its endpoint is missing.
+        h = replace(h, goal=Goal.HEAD)
+        return h, [Log("standby_head_promoted", (("address", h.address),)), PromoteStandby(),
+                   Reply({"ok": True, "hosted_head": h.as_status()})]
+    return h, [Reply({"ok": True, "hosted_head": h.as_status()})]   # idempotent (a head stays a head)
+
+
 def _failed(h: Hosting, now: float, reason: str) -> Hosting:
-    return replace(h, state=HostedState.FAILED, at=now, address=None, reason=reason)
+    return replace(h, state=HostedState.FAILED, at=now, address=None, pid=None, reason=reason)
 
 
 # ------------------------------------------------------------------ questions
+
+def watched(h: Hosting) -> bool:
+    """Does the end of the hosted node's Ray change anything? A ready head's
+    and a standby's do (FAILED); a dropped standby's end is its kill's outcome."""
+    return h.state is HostedState.READY or (h.state is HostedState.STANDBY and h.goal is not Goal.NONE)
+
 
 def may_serve(h: Hosting, hosting_node: bool) -> bool:
     """Could this agent be serving the run's head? Only then is ``ray_head``

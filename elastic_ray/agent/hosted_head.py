@@ -1,8 +1,9 @@
 """Hosting the run's head on this node: the effect side of :mod:`agent.hosted`.
 
 Threads: the record (``agent.hosted.Hosting``, immutable) is changed by the
-event loop (a ``host_head`` request, the head's Ray ending, the hand-over) and
-by the ``agent-hosted-head`` thread (the start's outcome), each through the
+event loop (a ``host_head``, ``standby_head`` or ``drop_standby`` request, the
+head's Ray ending, the hand-over) and by the ``agent-hosted-head`` thread (the
+start's outcome; also the standby's promotion and drop), each through the
 pure step under ``_lock``; readers take the current record without it. Each
 caller carries out the actions of its own step on its own thread: the start's
 thread writes the endpoint or kills a head that did not start (slow work the
@@ -13,12 +14,14 @@ lock).
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from typing import Callable
 
 from . import join
 from .hosted import (
+    DropRequested,
     EndpointWritten,
     ExitWanted,
     HandoverTick,
@@ -31,15 +34,19 @@ from .hosted import (
     HostSettings,
     Hosting,
     KillHostedHead,
+    KillStandby,
     Log,
+    PromoteStandby,
     PublishStatus,
     Reply,
+    StandbyRequested,
     StartHostedHead,
     StatusSoon,
     WriteEndpoint,
     heartbeat,
     may_serve,
     step,
+    watched,
 )
 from .local_ray import LocalRay, RayHandle
 from .publishing import WRITE_RETRY_SECONDS, RetriedWrite
@@ -70,13 +77,24 @@ class HostedHead:
 
     # ------------------------------------------------------------ event loop
     def request(self, now: float) -> dict:
-        """Answer a ``host_head`` request (starting the head if need be)."""
-        return next(a.body for a in self._handle(HostRequested(now)) if isinstance(a, Reply))
+        """Answer a ``host_head`` request (starting the head, or promoting the standby, if need be)."""
+        return self._reply(HostRequested(now))
+
+    def standby(self, now: float) -> dict:
+        """Answer a ``standby_head`` request (starting the standby if need be)."""
+        return self._reply(StandbyRequested(now))
+
+    def drop(self, now: float) -> dict:
+        """Answer a ``drop_standby`` request (killing the standby, if there is one)."""
+        return self._reply(DropRequested(now))
+
+    def _reply(self, event: HostedEvent) -> dict:
+        return next(a.body for a in self._handle(event) if isinstance(a, Reply))
 
     def watch(self, now: float) -> None:
-        """Notice that the Ray of a ready hosted head ended."""
+        """Notice that the Ray of a ready hosted head (or of the standby) ended."""
         handle = self.local.hosted
-        if handle is not None and self._record.ready and handle.node.poll_exit() is not None:
+        if handle is not None and watched(self._record) and handle.node.poll_exit() is not None:
             self._handle(HostedRayEnded(now))
 
     def exit_wanted(self, now: float, code: int, drain_deadline: float | None,
@@ -107,6 +125,11 @@ class HostedHead:
             elif isinstance(action, KillHostedHead) and handle is not None:
                 self.local.kill_hosted(handle)
                 self._handle(HostedKilled(time.time()))
+            elif isinstance(action, (PromoteStandby, KillStandby)):
+                # The standby's node is the one ``local.hosted`` holds (its start put it there).
+                work = self._promote if isinstance(action, PromoteStandby) else self._kill_standby
+                threading.Thread(target=work, args=(self.local.hosted,), name="agent-hosted-head",
+                                 daemon=True).start()
             elif isinstance(action, Log):
                 self._log(action.event, **dict(action.fields))
             elif isinstance(action, PublishStatus):
@@ -127,6 +150,18 @@ class HostedHead:
             time.sleep(WRITE_RETRY_SECONDS)
         return True
 
+    def _promote(self, handle: RayHandle | None) -> None:
+        """The standby becomes the run's head: its endpoint, no `ray start`. A
+        node that ended meanwhile is noticed by ``watch`` (FAILED)."""
+        if handle is not None and self._write_endpoint_until_done(handle):
+            self._handle(EndpointWritten(time.time(), handle.address))
+
+    def _kill_standby(self, handle: RayHandle | None) -> None:
+        if handle is not None:
+            self.local.kill_hosted(handle)
+            shutil.rmtree(handle.temp_dir, ignore_errors=True)   # a run may move its standby many times
+        self._handle(HostedKilled(time.time()))
+
     def _start(self) -> None:
         handle = self.local.launch(None, None, "head")
         if handle is None:
@@ -136,7 +171,8 @@ class HostedHead:
         if up is None:
             return  # the agent is exiting; its shutdown stops the node
         handle.raylet = join.find_proc(handle.node.raylet_pid())
-        self._handle(HostedStarted(time.time(), handle.address, up and handle.node.poll_exit() is None), handle)
+        self._handle(HostedStarted(time.time(), handle.address, up and handle.node.poll_exit() is None,
+                                   handle.node.pid), handle)
 
 
 def _exit_code(actions: list[HostedAction]) -> int | None:

@@ -9,6 +9,7 @@ as events. Decisions stay in the machines (``agent.machine`` for the node,
 ``agent.hosted`` for a hosted head and its hand-over, ``agent.head_watch``
 for the followed head); this module only observes and acts. Its helpers:
 ``agent.following`` (the head pointer and heartbeat), ``agent.hosted_head``,
+``agent.requests`` (which machine answers which control request),
 ``agent.local_ray`` (this agent's Ray processes) and ``agent.join``.
 
 Threads and what they share:
@@ -54,7 +55,7 @@ from ..protocol.records import AgentState, NodeState, RequestCounts, Transition
 from ..protocol.records import HostedHead as HostedHeadRecord
 from ..protocol.session_dir import SessionDir
 from ..ray_auth import apply_auth_env, launcher_warnings
-from . import join, wakeups
+from . import join, requests, wakeups
 from .following import HeadFollower
 from .hosted import HostSettings
 from .hosted_head import HostedHead
@@ -65,13 +66,11 @@ from .options import AgentOptions, hosts_head_at_start, load_allocation
 from .machine import (
     Context,
     DrainRay,
-    DrainRequested,
     Event,
     Exit,
     PublishHead,
     RayEnded,
     Settings,
-    ShutdownRequested,
     StartRay,
     State,
     StopRay,
@@ -140,6 +139,9 @@ class Agent:
             status_soon=self._request_status)
         self.mark_dead = MarkDeadService(self.session, options.job_id, self._serves_head, self._post_call,
                                          self.control.answer, self._log)
+        self._requests = requests.handlers(
+            status=self._status, feed=self._feed, state=lambda: self.ctx.state.value,
+            read_pointer_now=self._read_pointer_now, hosted=self.hosted_head, mark_dead=self.mark_dead)
         self.gone = GoneReporter(self.session, self.secret, self.info.session_id, self._log)
         self.rejoin = RejoinTurn(options.rejoin_order, options.node, host_in(self.session), self._log)
         self.local.on_stopped = lambda h: self.gone.report(h.node_id, h.address, f"agent of job {options.job_id} "
@@ -390,29 +392,13 @@ class Agent:
                 self._feed(event)
             # else: about a Ray node we have already replaced
 
-    # ------------------------------------------------------------ control requests
+    # ------------------------------------------------------------ control requests (agent.requests)
     def _on_request(self, envelope: Any) -> dict[str, Any]:
-        kind, body, now = envelope.kind, envelope.body, time.time()
-        if kind == "status":
-            log.debug("event=request job=%s node=%s kind=status", self.o.job_id, self.o.node)
-        else:
-            self._log("request", kind=kind)
-        if kind == "status":
-            return {"ok": True, "status": self._status()}
-        if kind == "drain":
-            self._feed(DrainRequested(now, float(body["deadline"]), str(body.get("reason") or "drain request")))
-            return {"ok": True, "state": self.ctx.state.value}
-        if kind == "follow":
-            self._next_pointer = 0.0  # read the pointer now rather than at the next poll
-            return {"ok": True, "state": self.ctx.state.value}
-        if kind == "shutdown":
-            self._feed(ShutdownRequested(now, str(body.get("reason") or "shutdown request")))
-            return {"ok": True, "state": self.ctx.state.value}
-        if kind == "host_head":
-            return self.hosted_head.request(time.time())
-        if kind == "mark_dead":
-            return self.mark_dead.request(body)
-        return {"ok": False, "error": f"unsupported request {kind}"}
+        return requests.answer(envelope.kind, envelope.body, time.time(), self._requests,
+                               lambda kind: self._log("request", kind=kind))
+
+    def _read_pointer_now(self) -> None:
+        self._next_pointer = 0.0  # read the pointer now rather than at the next poll
 
     # ------------------------------------------------------------ effects (run on the effects thread)
     def _work_loop(self) -> None:

@@ -27,7 +27,7 @@ import psutil
 
 from ..atomic import atomic_write_json, read_record
 from ..errors import CorruptFileError, UnsafePathError
-from ..protocol.records import AgentState, NodeState
+from ..protocol.records import AgentState, HostedHeadState, NodeState
 from .private_dirs import ensure_private_dir, user_runtime_dir
 
 # An agent rewrites its file at least this often while it runs (and at
@@ -259,7 +259,9 @@ def render_text(views: list[AgentView], now: float | None = None, hidden: int = 
                          f"{dict(s.requests.rejected_by_reason) or ''}")
         hosted = s.hosted_head
         if hosted is not None:
-            block.append(f"  hosted     a head for the run: {hosted.state.value}"
+            what = "a standby head (not the run's head)" if hosted.state is HostedHeadState.STANDBY \
+                else "a head for the run"
+            block.append(f"  hosted     {what}: {hosted.state.value}"
                          + (f" at {hosted.address}" if hosted.address else "")
                          + f" since {_clock(hosted.at)}"
                          + (f" ({hosted.reason})" if hosted.reason else ""))

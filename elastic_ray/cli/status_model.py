@@ -98,6 +98,9 @@ def _node_rows(info: JobInfo | None, states: Mapping[str, NodeState], now: float
             "agent_stale": (bool(agent) and not exited and age is not None and age > stale_after
                             and info is not None and info.state.is_active),
             "agent_updated_age": None if age is None else round(age, 1),
+            # The head-only control plane this node hosts: READY (the run's head),
+            # STANDBY (RayLauncher.standby_head), STARTING, FAILED; None: none.
+            "hosted_head": None if state is None or state.hosted_head is None else state.hosted_head.state.value,
         })
     return rows
 

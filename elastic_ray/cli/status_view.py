@@ -65,6 +65,14 @@ def _agent_text(node: Mapping[str, Any]) -> str:
     return state
 
 
+def _hosted_text(nodes: list[Mapping[str, Any]]) -> str:
+    """A note for a warm standby head (or a hosted head that failed) on one of the job's nodes."""
+    states = {n.get("hosted_head") for n in nodes}
+    if "STANDBY" in states:
+        return "standby head"
+    return "hosted head FAILED" if "FAILED" in states else ""
+
+
 def _failure_text(failure: Mapping[str, Any] | None) -> str:
     """What the state cell adds about a failed or resubmitted worker allocation."""
     if failure is None:
@@ -132,6 +140,7 @@ def render_status(status: Mapping[str, Any]) -> Group:
         drain = _drain_text(row["drain"], row["state"], now)
         # "submitted" next to a failure or a replacement says nothing.
         notes = "; ".join(t for t in (drain if not (failure and drain == "submitted") else "", failure,
+                                      _hosted_text(nodes),
                                       f"reason: {reason}" if len(reason) > SHORT_REASON else "") if t)
         table.add_row(
             row["role"], row["job_id"], row["partition"] or "-", state,

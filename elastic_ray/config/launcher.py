@@ -64,6 +64,18 @@ class RayLauncher:
     here). Neither: the address the node's host name resolves to.
     ``redis_password`` is accepted for old configurations but never passed
     to Ray (Ray would put it on command lines); setting it logs a warning.
+
+    ``standby_head`` (default False) keeps a warm standby head: a head-only
+    Ray control plane (GCS and a raylet with 0 CPUs and 0 GPUs) already
+    running, unpublished, on the first node of the worker allocation the
+    next election would pick. An election that picks it only publishes it,
+    so a lost head is replaced without waiting for a ``ray start --head``
+    (seconds on a busy node). Its cost: one more idle control plane on one
+    node of the run (the memory share of a hosted head on that node, and its
+    processes). The session's supervisor places it at its checks (every
+    30 s, and once at start), so a head lost before the first check after a
+    worker allocation joined gains nothing. Needs a port strategy that lets
+    a worker node host a head (``random`` or ``hash_jobid``).
     """
 
     num_gpus_per_node: int = 0
@@ -79,6 +91,7 @@ class RayLauncher:
     python_executable: str | None = None
     network_interface: str | None = None
     node_ip_address_command: str | None = None
+    standby_head: bool = False
 
     def __post_init__(self) -> None:
         set_ = lambda n, v: object.__setattr__(self, n, v)  # noqa: E731 - frozen dataclass
@@ -124,6 +137,12 @@ class RayLauncher:
             raise ConfigError("object_store_memory", self.object_store_memory,
                               "must be a whole number of bytes, at least 75 MiB (Ray's minimum)")
         self._check_node_fields()
+        if not isinstance(self.standby_head, bool):
+            raise ConfigError("standby_head", self.standby_head, "must be True or False")
+        if self.standby_head and not self.can_host_elected_head:
+            raise ConfigError("standby_head", self.standby_head,
+                              f"needs a port strategy that can host a head (random or hash_jobid), "
+                              f"not port_strategy={self.port_strategy!r}")
 
     def _check_node_fields(self) -> None:
         """The per-node interpreter and address settings (see the class docstring)."""

@@ -38,7 +38,7 @@ from ..protocol.session_dir import SessionDir
 from ..ray_auth import launcher_warnings
 from ..scheduler.base import JobInfo, Scheduler, current_user, state_text
 from ..scheduler.factory import make_scheduler
-from . import election, failures, removal, submit
+from . import election, failures, removal, standby, submit
 from .claims import ClaimOutcome, election_claim
 from .drivers import PayloadRun
 from .failover import CONTROL_TIMEOUT, HEAD_START_GRACE, Failover
@@ -96,7 +96,7 @@ class Session:
         about 2 s, the scheduler is asked every ``interval`` s, and a lost head
         is replaced (one election across all processes)."""
         if self.supervisor is None:
-            self.supervisor = HeadSupervisor(self, interval=interval).start()
+            self.supervisor = HeadSupervisor(self, interval=interval, standby=standby.keeper(self, interval)).start()
         return self.supervisor
 
     def close(self) -> None:

@@ -17,6 +17,11 @@ worker, asks the scheduler afresh first.
 
 It also keeps a worker: with ``worker_allocation`` set (or a head-only
 head), a session with no live worker allocation submits one again.
+
+With ``RayLauncher.standby_head`` it keeps the warm standby head where the
+next election would look (:mod:`.standby`): at every periodic check (and
+sooner while one is on its way), but not right after an election, whose new
+head's workers are still rejoining: the standby waits for the next check.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from . import election
 from .headwatch import HeadObservation
 from .pacing import supervisor_max_age, watch_max_age
 from .ports import SupervisedSession
+from .standby import StandbyKeeper
 
 log = logging.getLogger("elastic_ray.coordinator")
 
@@ -82,8 +88,9 @@ class RepeatedError:
 
 class HeadSupervisor:
     def __init__(self, session: SupervisedSession, interval: float = DEFAULT_INTERVAL, keep_worker: bool = True,
-                 on_event: Callable[[str, dict], None] | None = None):
+                 on_event: Callable[[str, dict], None] | None = None, standby: StandbyKeeper | None = None):
         self.session = session
+        self.standby = standby
         self.interval = interval
         self.keep_worker = keep_worker
         self.on_event = on_event
@@ -130,7 +137,11 @@ class HeadSupervisor:
                     self._emit("head_draining", head=obs.job)
                 if lost or draining or now >= next_full:
                     next_full = now + self.interval
-                    self._check(now, obs)
+                    elected = self._check(now, obs)
+                    if self.standby is not None:
+                        self.standby.next_at = next_full if elected else now
+                if self.standby is not None and self.standby.due(now):
+                    self.standby.apply(now)
             except ElasticRayError as exc:
                 self._errors.failed(str(exc), time.monotonic())
             except Exception as exc:
@@ -139,14 +150,15 @@ class HeadSupervisor:
                 self._errors.cleared(time.monotonic())
             self._stop.wait(0.05)
 
-    def _check(self, now: float, obs: HeadObservation) -> None:
+    def _check(self, now: float, obs: HeadObservation) -> bool:
+        """One look at the head (and the workers); True when it ran an election."""
         session = self.session
         rec = session.record()
         # The allocation submitted to host the head (the run's first one, in
         # the default layout) is not an *added* worker allocation.
         added = any(not w.hosts_run_head for w in rec.workers.values())
         if not should_elect_on_its_own(added, session.info.ray_head_only):
-            return
+            return False
         jobs = session.query(max_age=supervisor_max_age(self._checks))
         self._checks += 1
         assessment = session.assess_head(rec, jobs, obs, now)
@@ -157,6 +169,7 @@ class HeadSupervisor:
             rec, jobs = session.record(), session.query(max_age=watch_max_age())
         if self.keep_worker:
             self._keep_a_worker(rec, jobs)
+        return assessment.needs_election
 
     def _keep_a_worker(self, rec, jobs) -> None:
         session = self.session

@@ -20,7 +20,8 @@ The envelope is a map with exactly these keys::
 
     v      int    protocol version, 1
     kind   str    request ("status", "drain", "follow", "host_head",
-                  "shutdown", "mark_dead"), "reply" or "heartbeat"
+                  "standby_head", "drop_standby", "shutdown", "mark_dead"),
+                  "reply" or "heartbeat"
     ts     float  the sender's unix time when sealing
     nonce  bytes  16 random bytes, never reused
     sid    str    session id (a key shared by two sessions by mistake
@@ -83,7 +84,8 @@ SKEW_WINDOW = 30.0
 DEFAULT_GUARD_CAPACITY = 8192
 """About 2 MB when full; allows ~270 accepted frames per second sustained."""
 
-REQUEST_KINDS = frozenset({"status", "drain", "follow", "host_head", "shutdown", "mark_dead"})
+REQUEST_KINDS = frozenset({"status", "drain", "follow", "host_head", "standby_head", "drop_standby", "shutdown",
+                           "mark_dead"})
 REPLY_KIND = "reply"
 HEARTBEAT_KIND = "heartbeat"
 ALL_KINDS = REQUEST_KINDS | {REPLY_KIND, HEARTBEAT_KIND}
@@ -211,6 +213,9 @@ BODY_SCHEMAS: Mapping[str, BodySchema] = MappingProxyType({
     "drain": BodySchema({"deadline": (_positive_number, True), "reason": (_text, False)}),
     "follow": BodySchema({"head_job": (_job_id, True)}),
     "host_head": BodySchema({"head_job": (_job_id, True)}),
+    # A warm standby head on the allocation ``job`` (the agent's own), or its end.
+    "standby_head": BodySchema({"job": (_job_id, True)}),
+    "drop_standby": BodySchema({"job": (_job_id, True)}),
     "shutdown": BodySchema({"reason": (_text, False)}),
     # To the agent serving the run's head: mark these Ray nodes DEAD in its GCS now.
     "mark_dead": BodySchema({"node_ids": (_node_ids, True), "reason": (_text, True)}),

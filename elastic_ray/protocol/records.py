@@ -497,6 +497,7 @@ class HostedHeadState(str, enum.Enum):
     """A head hosted on a worker allocation's first node, as its agent reports it."""
 
     STARTING = "STARTING"
+    STANDBY = "STANDBY"      # up but not the run's head: a warm standby (``RayLauncher.standby_head``)
     READY = "READY"
     FAILED = "FAILED"
 
@@ -550,7 +551,7 @@ def _nested(key: str, read: Callable[[], Any]) -> Any:
 class HostedHead:
     """The head an agent hosts for the run next to its own worker Ray.
 
-    ``address`` is set once READY (the GCS), ``reason`` once FAILED; each key
+    ``address`` is set once STANDBY or READY (the GCS), ``reason`` once FAILED; each key
     is written only when set, as the agent always has.
     """
 
@@ -558,6 +559,7 @@ class HostedHead:
     at: float
     address: str | None = None
     reason: str | None = None
+    pid: int | None = None        # STANDBY, READY: the PID of its `ray start`
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"state": self.state.value}
@@ -566,6 +568,8 @@ class HostedHead:
         if self.reason is not None:
             data["reason"] = self.reason
         data["at"] = self.at
+        if self.pid is not None:
+            data["pid"] = self.pid
         return data
 
     @classmethod
@@ -575,6 +579,7 @@ class HostedHead:
             at=float(_get(data, "at", (int, float))),
             address=_get(data, "address", str, optional=True),
             reason=_get(data, "reason", str, optional=True),
+            pid=_get(data, "pid", int, optional=True),
         )
 
 

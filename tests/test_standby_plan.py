@@ -1,0 +1,286 @@
+"""Where the warm standby head goes (``coordinator.standby``), as tables.
+
+The plan is pure: a record, a scheduler answer, the agents' published node
+states and the launcher in; the allocation to place a standby on and those
+to drop one from out. The keeper (its effect) is driven with a fake session
+that records the requests it would send.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from types import MappingProxyType
+
+import pytest
+
+from elastic_ray.config.launcher import RayLauncher
+from elastic_ray.coordinator import standby
+from elastic_ray.coordinator.standby import RECHECK_SOON, StandbyKeeper, StandbyPlan, first_node, standby_plan
+from elastic_ray.errors import ConfigError
+from elastic_ray.protocol.channel import ControlError
+from elastic_ray.protocol.records import AllocationRecord, ElectionClaim, HostedHead, HostedHeadState, WorkerRecord
+from elastic_ray.scheduler.base import JobInfo, JobState
+from tests.helpers import node_state
+
+NOW = 1_800_000_000.0
+HOUR = 3600.0
+ON = RayLauncher(standby_head=True)
+R, P = JobState.RUNNING, JobState.PENDING
+STARTING, STANDBY, READY, FAILED = (HostedHeadState.STARTING, HostedHeadState.STANDBY, HostedHeadState.READY,
+                                    HostedHeadState.FAILED)
+
+
+def W(job, state="submitted", failures=0, drain_at=None):
+    return WorkerRecord(job_id=job, config={"partition": "cpu"}, submitted_at=NOW - 100, state=state,
+                        drain_requested_at=drain_at, head_failures=failures)
+
+
+def J(job, state=R, left=HOUR):
+    return JobInfo(job_id=job, name="er-test", state=state, nodes=(f"n{job}",) if state is R else (),
+                   time_left=left)
+
+
+def rec(*workers, head="1", preds=(), successor=None, election=None):
+    return AllocationRecord(generation=3, head_job=head, workers=MappingProxyType({w.job_id: w for w in workers}),
+                            predecessors=preds, election=election, successor=successor)
+
+
+def jobs(*infos):
+    return {i.job_id: i for i in infos}
+
+
+def first(job, hosted=None, state="JOINED", **kw):
+    """The published state of ``job``'s first node (its hosted head in ``hosted``)."""
+    return node_state(job, f"n{job}-0", state, node_index=0,
+                      hosted_head=None if hosted is None else HostedHead(hosted, NOW - 10, address="10.0.0.9:6380"),
+                      control=f"tcp://10.0.0.{len(job)}:40{job}", **kw)
+
+
+def nodes(*states, extra=()):
+    """job -> node -> state, from first-node states (and ``extra`` jobs with none published)."""
+    out = {job: {} for job in extra}
+    for st in states:
+        out.setdefault(st.job_id, {})[st.node] = st
+    return out
+
+
+def plan(record, answer, published, launcher=ON):
+    return standby_plan(record, answer, published, launcher, NOW)
+
+
+# ---------------------------------------------------------------- the table
+
+CASES = [
+    # --- nothing to do
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10")), RayLauncher(),
+                 StandbyPlan(None), id="off"),
+    pytest.param(rec(), jobs(J("1")), nodes(), ON, StandbyPlan(None), id="no-workers-separate-head"),
+    pytest.param(rec(W("10"), head=None), jobs(J("10")), nodes(first("10")), ON, StandbyPlan(None),
+                 id="no-head-yet"),
+    pytest.param(rec(W("10"), W("11"), election=ElectionClaim("h:1:x", NOW - 1, NOW + 100)),
+                 jobs(J("1"), J("10"), J("11")), nodes(first("10"), first("11", STANDBY)), ON, StandbyPlan(None),
+                 id="election-in-progress-leaves-all-alone"),
+    # --- one worker allocation, separate head
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10")), ON,
+                 StandbyPlan("10", place_on="10", soon=True), id="one-worker-place"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", STANDBY)), ON,
+                 StandbyPlan("10"), id="one-worker-already-standing"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", STARTING)), ON,
+                 StandbyPlan("10", soon=True), id="one-worker-standby-starting"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", FAILED)), ON,
+                 StandbyPlan("10", place_on="10"), id="standby-failed-placed-again-not-sooner"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", state="STARTING")), ON,
+                 StandbyPlan("10", soon=True), id="first-node-not-joined-yet"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", state="WAITING_FOR_HEAD")), ON,
+                 StandbyPlan("10", soon=True), id="first-node-waiting-for-head"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(extra=("10",)), ON,
+                 StandbyPlan("10", soon=True), id="no-agent-published-yet"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", STANDBY, exited=True)), ON,
+                 StandbyPlan("10", soon=True), id="first-node-agent-exited"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10", P)), nodes(), ON, StandbyPlan(None), id="worker-pending"),
+    # --- several, with different time left
+    pytest.param(rec(W("10"), W("11"), W("12")), jobs(J("1"), J("10", left=600), J("11", left=7200), J("12")),
+                 nodes(first("10"), first("11"), first("12")), ON,
+                 StandbyPlan("11", place_on="11", soon=True), id="most-time-left-wins"),
+    pytest.param(rec(W("10"), W("11")), jobs(J("1"), J("10", left=600), J("11", left=None)),
+                 nodes(first("10"), first("11")), ON,
+                 StandbyPlan("11", place_on="11", soon=True), id="unlimited-wins"),
+    pytest.param(rec(W("10"), W("11"), W("12")), jobs(J("1"), J("10", left=600), J("11", left=7200), J("12")),
+                 nodes(first("10", STANDBY), first("11"), first("12", STARTING)), ON,
+                 StandbyPlan("11", place_on="11", drop_on=("10", "12"), soon=True), id="wrong-place-moved"),
+    pytest.param(rec(W("10"), W("11")), jobs(J("1"), J("10", left=600), J("11", left=7200)),
+                 nodes(first("10", STANDBY), first("11", STANDBY)), ON,
+                 StandbyPlan("11", drop_on=("10",)), id="two-standbys-one-dropped"),
+    pytest.param(rec(W("10"), W("11")), jobs(J("1"), J("10", left=600), J("11", left=7200)),
+                 nodes(first("10", FAILED), first("11", STANDBY)), ON,
+                 StandbyPlan("11"), id="a-failed-one-elsewhere-is-not-dropped"),
+    pytest.param(rec(W("10"), W("11")), jobs(J("1"), J("10", left=600), J("11", left=7200)),
+                 nodes(first("10", STANDBY), first("11", state="STARTING")), ON,
+                 StandbyPlan("11", drop_on=("10",), soon=True), id="target-joining-old-one-dropped-already"),
+    # --- draining and failed hosts
+    pytest.param(rec(W("10"), W("11", state="draining")), jobs(J("1"), J("10", left=600), J("11", left=7200)),
+                 nodes(first("10"), first("11", STANDBY)), ON,
+                 StandbyPlan("10", place_on="10", drop_on=("11",), soon=True), id="draining-loses-its-standby"),
+    pytest.param(rec(W("10"), W("11", drain_at=NOW - 5)), jobs(J("1"), J("10", left=600), J("11", left=7200)),
+                 nodes(first("10"), first("11")), ON,
+                 StandbyPlan("10", place_on="10", soon=True), id="drain-requested-counts"),
+    pytest.param(rec(W("10", state="draining")), jobs(J("1"), J("10")), nodes(first("10", STANDBY)), ON,
+                 StandbyPlan(None, drop_on=("10",)), id="only-worker-draining"),
+    pytest.param(rec(W("10", failures=1), W("11")), jobs(J("1"), J("10", left=7200), J("11", left=600)),
+                 nodes(first("10"), first("11")), ON,
+                 StandbyPlan("11", place_on="11", soon=True), id="failed-host-tried-last"),
+    pytest.param(rec(W("10", failures=1)), jobs(J("1"), J("10")), nodes(first("10")), ON,
+                 StandbyPlan("10", place_on="10", soon=True), id="failed-once-still-eligible-alone"),
+    pytest.param(rec(W("10", failures=2)), jobs(J("1"), J("10")), nodes(first("10", STANDBY)), ON,
+                 StandbyPlan(None, drop_on=("10",)), id="failed-twice-never"),
+    pytest.param(rec(W("10"), W("11"), preds=("11",)), jobs(J("1"), J("10", left=600), J("11", left=7200)),
+                 nodes(first("10"), first("11", READY)), ON,
+                 StandbyPlan("10", place_on="10", soon=True), id="former-head-skipped-its-ready-head-kept"),
+    # --- the head hosted on a worker allocation
+    pytest.param(rec(W("10"), W("11"), head="10"), jobs(J("10", left=7200), J("11", left=600)),
+                 nodes(first("10", READY), first("11")), ON,
+                 StandbyPlan("11", place_on="11", soon=True), id="hosted-head-standby-on-the-other"),
+    pytest.param(rec(W("10"), head="10"), jobs(J("10")), nodes(first("10", READY)), ON,
+                 StandbyPlan(None), id="hosted-head-alone"),
+    pytest.param(rec(W("10"), head="10"), jobs(J("10")), nodes(first("10", STARTING)), ON,
+                 StandbyPlan(None), id="the-heads-own-start-never-dropped"),
+    pytest.param(rec(W("10"), W("11"), head="10"), jobs(J("10"), J("11")),
+                 nodes(first("10", STANDBY), first("11", STANDBY)), ON,
+                 StandbyPlan("11"), id="current-host-excluded"),
+    # --- a successor
+    pytest.param(rec(W("10"), successor="5"), jobs(J("1"), J("5"), J("10")), nodes(first("10", STANDBY)), ON,
+                 StandbyPlan(None, drop_on=("10",)), id="successor-running-drops"),
+    pytest.param(rec(W("10"), successor="5"), jobs(J("1"), J("5", P), J("10")), nodes(first("10")), ON,
+                 StandbyPlan(None), id="successor-pending-no-standby"),
+    pytest.param(rec(W("10"), successor="1"), jobs(J("1"), J("10")), nodes(first("10")), ON,
+                 StandbyPlan("10", place_on="10", soon=True), id="successor-that-is-the-head-ignored"),
+    pytest.param(rec(W("10"), head="2", preds=("1",), successor="1"), jobs(J("2"), J("10")), nodes(first("10")), ON,
+                 StandbyPlan("10", place_on="10", soon=True), id="successor-that-was-head-ignored"),
+]
+
+
+@pytest.mark.parametrize("record, answer, published, launcher, expected", CASES)
+def test_standby_plan(record, answer, published, launcher, expected):
+    got = plan(record, answer, published, launcher)
+    assert got == expected, got.why
+    assert got.why
+
+
+def test_the_plan_sits_on_the_elections_pick():
+    """Whatever the plan targets is what choose_head would host on, if the head were lost now."""
+    from elastic_ray.coordinator.election import HostOnWorker, choose_head
+    for case in CASES:
+        record, answer, published, launcher, expected = case.values
+        got = plan(record, answer, published, launcher)
+        if got.target is not None:
+            assert choose_head(record, answer, can_host_on_worker=True, now=NOW) == HostOnWorker(got.target)
+
+
+def test_a_fixed_port_launcher_cannot_keep_a_standby():
+    with pytest.raises(ConfigError, match="standby_head"):
+        RayLauncher(port_strategy="fixed", standby_head=True)
+    with pytest.raises(ConfigError, match="standby_head=1: must be True or False"):
+        RayLauncher(standby_head=1)
+    assert RayLauncher.from_dict(ON.to_dict()) == ON and ON.to_dict()["standby_head"] is True
+    assert RayLauncher(port_strategy="hash_jobid", standby_head=True).standby_head
+
+
+def test_first_node_is_the_running_agent_of_node_zero():
+    zero, one = first("10"), node_state("10", "n10-1", node_index=1)
+    assert first_node({"a": one, "b": zero}) == zero
+    assert first_node({"a": one}) is None
+    assert first_node({"b": first("10", exited=True)}) is None
+
+
+# ---------------------------------------------------------------- the keeper (the effect)
+
+class FakeClient:
+    def __init__(self, session, endpoint):
+        self.session, self.endpoint = session, endpoint
+
+    def request(self, kind, body, timeout):
+        self.session.sent.append((self.endpoint, kind, body))
+        if self.session.fail:
+            raise ControlError("no answer")
+        return {"ok": True, "hosted_head": None}
+
+
+class FakeSession:
+    job_name = "er-test"
+
+    def __init__(self, record, answer, published, launcher=ON):
+        self.rec, self.answer, self.published, self.launcher = record, answer, published, launcher
+        self.sent: list = []
+        self.fail = False
+
+    def record(self):
+        return self.rec
+
+    def query(self, extra=None, max_age=0.0):
+        return self.answer
+
+    def node_states(self, job_id):
+        return dict(self.published.get(job_id, {}))
+
+    @contextmanager
+    def control(self, endpoint):
+        yield FakeClient(self, endpoint)
+
+
+def test_the_keeper_places_drops_and_looks_again_soon_while_on_its_way():
+    s = FakeSession(rec(W("10"), W("11")), jobs(J("1"), J("10", left=600), J("11", left=7200)),
+                    nodes(first("10", STANDBY), first("11")))
+    k = StandbyKeeper(s, interval=30.0)
+    assert k.due(NOW)
+    got = k.apply(NOW)
+    assert got == StandbyPlan("11", place_on="11", drop_on=("10",), soon=True)
+    assert s.sent == [("tcp://10.0.0.2:4010", "drop_standby", {"job": "10"}),
+                      ("tcp://10.0.0.2:4011", "standby_head", {"job": "11"})]
+    assert k.next_at == NOW + RECHECK_SOON and not k.due(NOW + 1)
+
+
+def test_the_keeper_once_settled_waits_for_the_next_check():
+    s = FakeSession(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", STANDBY)))
+    k = StandbyKeeper(s, interval=30.0)
+    assert k.apply(NOW) == StandbyPlan("10") and s.sent == []
+    assert k.next_at == NOW + 30.0
+
+
+def test_a_request_that_fails_is_logged_and_tried_at_the_next_look():
+    s = FakeSession(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10")))
+    s.fail = True
+    k = StandbyKeeper(s, interval=30.0)
+    k.apply(NOW)
+    k.apply(NOW + RECHECK_SOON)
+    assert [kind for _, kind, _ in s.sent] == ["standby_head", "standby_head"]
+
+
+def test_a_look_that_raises_is_not_repeated_at_once():
+    s = FakeSession(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10")))
+    s.record = lambda: (_ for _ in ()).throw(OSError("disk"))
+    k = StandbyKeeper(s, interval=30.0)
+    with pytest.raises(OSError):
+        k.apply(NOW)
+    assert not k.due(NOW + 1) and k.due(NOW + 30)
+
+
+def test_only_a_standby_launcher_gets_a_keeper():
+    assert standby.keeper(FakeSession(rec(), {}, {}, RayLauncher()), 30.0) is None
+    assert isinstance(standby.keeper(FakeSession(rec(), {}, {}), 30.0), StandbyKeeper)
+
+
+def test_a_removed_allocation_still_running_loses_its_standby():
+    """Removal records ``removed`` as soon as the drain is asked; its agents run on meanwhile."""
+    s = FakeSession(rec(W("10", state="removed"), W("11")), jobs(J("1"), J("10", left=7200), J("11", left=600)),
+                    nodes(first("10", STANDBY, state="DRAINING"), first("11")))
+    got = StandbyKeeper(s, interval=30.0).apply(NOW)
+    assert got == StandbyPlan("11", place_on="11", drop_on=("10",), soon=True)
+    assert [(kind, body["job"]) for _, kind, body in s.sent] == [("drop_standby", "10"), ("standby_head", "11")]
+
+
+@pytest.mark.parametrize("state, listed", [(R, True), (JobState.COMPLETING, True), (JobState.CANCELLED, False),
+                                           (None, False)])
+def test_agents_may_run_in_a_removed_allocation_while_its_job_is_active(state, listed):
+    record = rec(W("10", state="removed"), W("11"), W("12", state="draining"))
+    answer = jobs(J("11"), J("12"), *([J("10", state)] if state is not None else []))
+    assert standby.agents_may_run(record, answer) == (["10", "11", "12"] if listed else ["11", "12"])
