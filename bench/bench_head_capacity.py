@@ -37,7 +37,11 @@ would pick; the ``scancel`` waits until its node file says STANDBY, so the
 election only publishes it). The harness's session runs without a
 supervisor (only the seed's loop acts), so here the keeper runs alone, on a
 thread of this process, from just before the fault; ``host ready`` is then
-the standby's promotion. Columns are ``order/mode`` when both vary.
+the standby's promotion. ``supervised`` runs the session's own supervisor
+(``HeadSupervisor``, as every step process of a real run does) with that
+keeper inside: the supervisor notices the loss and elects by itself, so the
+hosting node's worker starts rejoining before the loop's ``replace_head()``.
+Columns are ``order/mode`` when both vary.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from integration.faults import lab_ops  # noqa: E402
 from integration.faults.harness import Result, run_scenario  # noqa: E402
 from integration.faults.scenarios import BY_NAME  # noqa: E402
 
-MODES = ("off", "standby")
+MODES = ("off", "standby", "supervised")
 PHASES = ("driver ended", "elected", "host ready", "host worker", "other worker", "task runs", "work again")
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ event=(\w+) (.*)$")
 
@@ -143,16 +147,28 @@ class _StandbySession:
         return getattr(self._session, name)
 
 
-def with_standby(inject):
-    """Wrap a scenario's fault: start a standby keeper, wait for its standby, then inject."""
+def with_standby(inject, supervised: bool = False):
+    """Wrap a scenario's fault: start a standby keeper, wait for its standby, then inject.
+
+    ``supervised``: instead of a bare keeper, the session's own supervisor
+    (``HeadSupervisor``, what every step process of a run starts) with the
+    keeper inside it; it notices the head's loss itself and elects at once,
+    before the payload loop's ``replace_head()`` asks. It is stopped by the
+    scenario's cleanup, before the teardown."""
     import threading
 
     from elastic_ray.coordinator.standby import StandbyKeeper, first_node
+    from elastic_ray.coordinator.supervise import HeadSupervisor
     from elastic_ray.protocol.records import HostedHeadState
 
     def run(ctx) -> None:
         keeper = StandbyKeeper(_StandbySession(ctx.session), interval=5.0)
+        if supervised:
+            supervisor = HeadSupervisor(ctx.session, interval=30.0, standby=keeper).start()
+            ctx.cleanup.append(supervisor.stop)
+            keeper = supervisor.standby
         stop = threading.Event()
+        ctx.cleanup.append(stop.set)
 
         def keep() -> None:
             while not stop.is_set():
@@ -163,7 +179,8 @@ def with_standby(inject):
                     ctx.event(f"standby keeper: {type(exc).__name__}: {exc}")
                 stop.wait(0.5)
 
-        threading.Thread(target=keep, daemon=True, name="bench-standby").start()
+        if not supervised:
+            threading.Thread(target=keep, daemon=True, name="bench-standby").start()
 
         def standing() -> str | None:
             target = keeper.last.target if keeper.last is not None else None
@@ -200,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated rejoin orders to alternate (all, host-first)")
     ap.add_argument("--standby", action="store_true", help="shorthand for --modes off,standby")
     ap.add_argument("--modes", default="off",
-                    help="comma-separated standby modes to alternate (off, standby)")
+                    help="comma-separated modes to alternate: off, standby (a bare standby keeper), "
+                         "supervised (the session's supervisor with its keeper: it elects on loss by itself)")
     args = ap.parse_args(argv)
     orders = [o.strip() for o in args.orders.split(",") if o.strip()]
     bad = [o for o in orders if o not in ("all", "host-first")]
@@ -209,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = ["off", "standby"] if args.standby else [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        ap.error(f"--modes: unknown mode(s) {bad}; use off and/or standby")
+        ap.error(f"--modes: unknown mode(s) {bad}; use off, standby and/or supervised")
     combos = [(o, m) for o in orders for m in modes]
     label = lambda o, m: o if len(modes) == 1 else m if len(orders) == 1 else f"{o}/{m}"  # noqa: E731
 
@@ -227,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.runs):
             for order, mode in combos:
                 sc = replace(BY_NAME["head-cancel"], agent_env={"ELASTIC_AGENT_REJOIN_ORDER": order})
-                if mode == "standby":
-                    sc = replace(sc, inject=with_standby(sc.inject))
+                if mode in ("standby", "supervised"):
+                    sc = replace(sc, inject=with_standby(sc.inject, supervised=mode == "supervised"))
                 res = run_scenario(sc, base)
                 ph = phases(res)
                 name = label(order, mode)
