@@ -21,10 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:          # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+import tomllib
 
 from ..errors import ConfigError
 from .allocation import (
