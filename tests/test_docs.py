@@ -118,13 +118,19 @@ ALL_COMMANDS = [command for path in DOC_FILES for command in commands_in(path)]
 
 def simple_commands(text: str) -> list[list[str]]:
     """Split one line into simple commands (``|``, ``&&``, ``||``, ``;``),
-    words as the shell would see them, leading assignments removed."""
-    lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|")
+    words as the shell would see them, leading assignments and redirections
+    (``> file``, ``< file``) removed."""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|<>")
     lexer.whitespace_split = True
     lexer.commenters = "#"
     parts: list[list[str]] = [[]]
+    redirect = False
     for token in lexer:
-        if token and set(token) <= set(";&|"):
+        if token and set(token) <= set("<>"):
+            redirect = True
+        elif redirect:
+            redirect = False
+        elif token and set(token) <= set(";&|"):
             parts.append([])
         else:
             parts[-1].append(token)
@@ -306,3 +312,10 @@ def test_site_builds_strict(tmp_path: Path) -> None:
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "site" / "api" / "session" / "index.html").exists()
+
+
+def test_redirections_are_not_arguments():
+    assert simple_commands("elastic-ray render --config s.toml > scripts.txt") == [
+        ["elastic-ray", "render", "--config", "s.toml"]]
+    assert simple_commands("X=1 elastic-ray session status >> log && cat < in | wc") == [
+        ["elastic-ray", "session", "status"], ["cat"], ["wc"]]
