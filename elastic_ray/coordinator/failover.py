@@ -32,12 +32,12 @@ from dataclasses import replace
 
 from ..polling import wait_for
 from ..protocol.channel import ControlError
-from ..protocol.records import AllocationRecord, HostedHeadState
+from ..protocol.records import AllocationRecord, HostedHeadState, NodeState
 from ..scheduler.base import JobInfo
 from . import election, nudges, pacing
 from .claims import renew_claim
 from .pacing import SchedulerLooks, SessionLooks
-from .ports import ElectingSession
+from .ports import AgentAsker, ElectingSession
 
 log = logging.getLogger("elastic_ray.coordinator")
 
@@ -46,6 +46,32 @@ CONTROL_TIMEOUT = 3.0
 # How long a newly elected or submitted head may take to answer before its
 # silence counts as a failure.
 HEAD_START_GRACE = 120.0
+
+
+def first_node(states: Mapping[str, NodeState]) -> NodeState | None:
+    """The agent of an allocation's first node that still runs (the one that hosts a head)."""
+    return next((st for _, st in sorted(states.items())
+                 if st.role == "worker" and st.node_index == 0 and st.control and not st.exited), None)
+
+
+def ask_agent(session: AgentAsker, node: NodeState | None, job: str, kind: str,
+              body: dict) -> dict | None:
+    """Send one control request to ``node``'s agent: its reply, or None (logged
+    as ``<kind>_unreachable``, ``_failed`` or ``_refused``) when there is no
+    agent to ask, it does not answer, or it says no."""
+    if node is None or node.control is None:
+        log.warning("event=%s_unreachable session=%s job=%s", kind, session.job_name, job)
+        return None
+    try:
+        with session.control(node.control) as client:
+            reply = client.request(kind, body, timeout=CONTROL_TIMEOUT)
+    except ControlError as exc:
+        log.warning("event=%s_failed session=%s job=%s error=%s", kind, session.job_name, job, exc)
+        return None
+    if not reply.get("ok"):
+        log.warning("event=%s_refused session=%s job=%s error=%s", kind, session.job_name, job, reply.get("error"))
+        return None
+    return reply
 
 
 class Failover:
@@ -196,21 +222,9 @@ class Failover:
         """Ask the first node of worker allocation ``job`` to host a head; wait until it is ready."""
         s = self.session
         states = s.node_states(job)
-        first = next((st for st in states.values() if st.role == "worker" and st.control
-                      and not st.exited and st.node_index == 0), None)
-        if first is None:
-            first = next((st for _, st in sorted(states.items()) if st.control and not st.exited), None)
-        if first is None or first.control is None:
-            log.warning("event=host_head_unreachable job=%s", job)
-            return False
-        try:
-            with s.control(first.control) as client:
-                reply = client.request("host_head", {"head_job": job}, timeout=CONTROL_TIMEOUT)
-        except ControlError as exc:
-            log.warning("event=host_head_failed job=%s error=%s", job, exc)
-            return False
-        if not reply.get("ok"):
-            log.warning("event=host_head_refused job=%s error=%s", job, reply.get("error"))
+        first = first_node(states) or next((st for _, st in sorted(states.items()) if st.control and not st.exited),
+                                           None)
+        if ask_agent(s, first, job, "host_head", {"head_job": job}) is None:
             return False
 
         def outcome() -> bool | None:

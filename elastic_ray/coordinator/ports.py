@@ -90,7 +90,15 @@ class DriverSession(HeadSource, Protocol):
     def record(self) -> AllocationRecord: ...
 
 
-__all__ = ["DriverSession", "HeadRef", "HeadSource", "JobRef", "SupervisedSession"]
+__all__ = ["AgentAsker", "DriverSession", "HeadRef", "HeadSource", "JobRef", "SupervisedSession"]
+
+
+class AgentAsker(Protocol):
+    """What sending one control request to an agent needs (``failover.ask_agent``)."""
+
+    @property
+    def job_name(self) -> str: ...
+    def control(self, endpoint: str) -> ControlClient: ...
 
 
 class ElectingSession(SupervisedSession, Protocol):

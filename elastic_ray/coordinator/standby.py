@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..config.launcher import RayLauncher
-from ..protocol.channel import ControlClient, ControlError
+from ..protocol.channel import ControlClient
 from ..protocol.records import AgentState, AllocationRecord, HostedHeadState, NodeState
 from ..scheduler.base import JobInfo
 from . import election
-from .failover import CONTROL_TIMEOUT
+from .failover import ask_agent, first_node
 from .pacing import watch_max_age
 
 log = logging.getLogger("elastic_ray.coordinator")
@@ -60,12 +60,6 @@ class StandbyPlan:
     drop_on: tuple[str, ...] = ()
     soon: bool = False
     why: str = field(default="", compare=False)
-
-
-def first_node(states: Mapping[str, NodeState]) -> NodeState | None:
-    """The agent of an allocation's first node that still runs (the one that hosts)."""
-    return next((st for _, st in sorted(states.items())
-                 if st.role == "worker" and st.node_index == 0 and st.control and not st.exited), None)
 
 
 def _job_key(job_id: str) -> tuple[int, str]:
@@ -186,24 +180,11 @@ class StandbyKeeper:
         self.next_at = now + (RECHECK_SOON if plan.soon else self.interval)
         return plan
 
-    def _send(self, states: Mapping[str, NodeState], job: str, kind: str) -> bool:
-        first = first_node(states)
-        if first is None or first.control is None:
-            return False
-        try:
-            with self.session.control(first.control) as client:
-                reply = client.request(kind, {"job": job}, timeout=CONTROL_TIMEOUT)
-        except ControlError as exc:
-            log.warning("event=standby_request_failed session=%s job=%s kind=%s error=%s", self.session.job_name,
-                        job, kind, exc)
-            return False
-        if not reply.get("ok"):
-            log.warning("event=standby_request_refused session=%s job=%s kind=%s error=%s", self.session.job_name,
-                        job, kind, reply.get("error"))
-            return False
-        log.info("event=standby_request session=%s job=%s kind=%s hosted=%s", self.session.job_name, job, kind,
-                 (reply.get("hosted_head") or {}).get("state"))
-        return True
+    def _send(self, states: Mapping[str, NodeState], job: str, kind: str) -> None:
+        reply = ask_agent(self.session, first_node(states), job, kind, {"job": job})
+        if reply is not None:
+            log.info("event=standby_request session=%s job=%s kind=%s hosted=%s", self.session.job_name, job, kind,
+                     (reply.get("hosted_head") or {}).get("state"))
 
 
 def keeper(session: StandbySession, interval: float) -> StandbyKeeper | None:
