@@ -18,7 +18,6 @@ no job of it may stay active.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,27 +25,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# The docs tests' one Markdown reader lives with them (tests/doc_blocks.py).
+sys.path.insert(0, str(REPO / "tests"))
+from doc_blocks import fenced_blocks  # noqa: E402
 MARK = "<!-- docs-test: lab -->"
-_FENCE = re.compile(r"^(`{3,})\s*([\w-]*)")
 
 
 def lab_blocks() -> list[tuple[Path, int, str, list[str]]]:
     """(file, line, language, lines) of every marked block, in document order."""
-    found = []
-    for path in sorted((REPO / "docs").rglob("*.md")):
-        lines = path.read_text().splitlines()
-        for index, line in enumerate(lines):
-            match = _FENCE.match(line)
-            before = next((lines[j].strip() for j in range(index - 1, -1, -1) if lines[j].strip()), "")
-            if not match or before != MARK:
-                continue
-            body = []
-            for text in lines[index + 1:]:
-                if text.strip().startswith(match.group(1)):
-                    break
-                body.append(text)
-            found.append((path, index + 1, match.group(2), body))
-    return found
+    return [(path, block.first_line, block.lang, [text for _, text in block.lines])
+            for path in sorted((REPO / "docs").rglob("*.md")) for block in fenced_blocks(path)
+            if block.marker == MARK]
 
 
 def test_the_docs_have_a_lab_session_to_run():

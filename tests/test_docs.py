@@ -38,11 +38,12 @@ import pytest
 from elastic_ray.agent.cli import main as agent_main
 from elastic_ray.cli.main import main as cli_main
 
+from doc_blocks import fenced_blocks
+
 REPO = Path(__file__).resolve().parent.parent
 DOC_FILES = sorted((REPO / "docs").rglob("*.md")) + [REPO / "README.md"]
 PENDING_MARK = "<!-- docs-test: pending-cli -->"
 PROGRAMS = {"elastic-ray": (cli_main, "elastic_ray.cli"), "elastic-agent": (agent_main, "elastic_ray.agent")}
-_FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w-]*)")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -77,35 +78,21 @@ def _join_continuations(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
 
 def commands_in(path: Path) -> list[DocCommand]:
     """The shell commands of one Markdown file, by the convention above."""
-    lines = path.read_text().splitlines()
     found: list[DocCommand] = []
-    index = 0
-    while index < len(lines):
-        match = _FENCE.match(lines[index])
-        if not match:
-            index += 1
-            continue
-        fence, lang = match.group(2), match.group(3)
-        before = next((lines[j].strip() for j in range(index - 1, -1, -1) if lines[j].strip()), "")
-        pending = before == PENDING_MARK
-        body: list[tuple[int, str]] = []
-        index += 1
-        while index < len(lines) and not lines[index].strip().startswith(fence):
-            body.append((index + 1, lines[index]))
-            index += 1
-        index += 1
-        if lang == "console":
+    for block in fenced_blocks(path):
+        pending = block.marker == PENDING_MARK
+        if block.lang == "console":
             picked: list[tuple[int, str]] = []
             continuing = False
-            for number, text in body:
+            for number, text in block.lines:
                 stripped = text.strip()
                 if stripped.startswith("$ "):
                     picked.append((number, stripped[2:]))
                 elif continuing:
                     picked.append((number, stripped))
                 continuing = bool(picked) and (stripped.startswith("$ ") or continuing) and stripped.endswith("\\")
-        elif lang == "bash":
-            picked = [(n, t) for n, t in body if t.strip() and not t.strip().startswith("#")]
+        elif block.lang == "bash":
+            picked = [(n, t) for n, t in block.lines if t.strip() and not t.strip().startswith("#")]
         else:
             continue
         for number, text in _join_continuations(picked):

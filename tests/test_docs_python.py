@@ -16,42 +16,24 @@ still catches the way examples rot.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from doc_blocks import fenced_blocks
+
 REPO = Path(__file__).resolve().parent.parent
 DOC_FILES = sorted((REPO / "docs").rglob("*.md")) + [REPO / "README.md"]
 RUN_MARK = "<!-- docs-test: run -->"
-_FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w-]*)")
 RUN_TIMEOUT = 420
 
 
 def python_blocks(path: Path) -> list[tuple[int, str, bool]]:
     """(first line, source, marked to run) of each ```python block."""
-    lines = path.read_text().splitlines()
-    found = []
-    index = 0
-    while index < len(lines):
-        match = _FENCE.match(lines[index])
-        if not match:
-            index += 1
-            continue
-        indent, fence, lang = match.groups()
-        before = next((lines[j].strip() for j in range(index - 1, -1, -1) if lines[j].strip()), "")
-        start = index + 2
-        body = []
-        index += 1
-        while index < len(lines) and not lines[index].strip().startswith(fence):
-            body.append(lines[index][len(indent):] if lines[index].startswith(indent) else lines[index])
-            index += 1
-        index += 1
-        if lang == "python":
-            found.append((start, "\n".join(body) + "\n", before == RUN_MARK))
-    return found
+    return [(block.first_line, block.source, block.marker == RUN_MARK)
+            for block in fenced_blocks(path) if block.lang == "python"]
 
 
 BLOCKS = [(path, line, source, run) for path in DOC_FILES for line, source, run in python_blocks(path)]

@@ -30,16 +30,16 @@ from .allocation import (
     resolve_separate_head_config,
 )
 from .launcher import RayLauncher
+from .scheduler_choice import SCHEDULER_KINDS
 from .slurm_values import check_job_name
 
 #: The default session directory of every command that takes one.
 SESSION_ENV = "ELASTIC_RAY_SESSION"
-SCHEDULERS = ("local", "slurm")
 
 # Top-level scalar keys: name -> (accepted types, what the error says).
 _TOP: Mapping[str, tuple[tuple[type, ...], str]] = {
     "path": ((str,), "a path (string)"),
-    "scheduler": ((str,), f"one of {', '.join(SCHEDULERS)}"),
+    "scheduler": ((str,), f"one of {', '.join(SCHEDULER_KINDS)}"),
     "job_name": ((str,), "a string"),
     "ray_head_only": ((bool,), "true or false"),
     "local_state_dir": ((str,), "a path (string)"),
@@ -136,8 +136,8 @@ def parse_session_file(data: Mapping[str, Any], file: str = "session.toml",
         value = data[key]
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             raise SessionFileError(file, key, value, f"must be {what}")
-        if key == "scheduler" and value not in SCHEDULERS:
-            raise SessionFileError(file, key, value, f"must be one of {', '.join(SCHEDULERS)}")
+        if key == "scheduler" and value not in SCHEDULER_KINDS:
+            raise SessionFileError(file, key, value, f"must be one of {', '.join(SCHEDULER_KINDS)}")
         if key == "job_name":
             try:
                 check_job_name(value)
