@@ -135,8 +135,9 @@ class PayloadRun:
         config = worker.config if worker is not None else self.session.info.head
         return config.get("signal_before_timeout")
 
-    def _stopped_by_the_signal(self) -> bool:
-        """The driver ended; did Slurm's pre-walltime signal stop it (the head drains)?"""
+    def _moved_by_the_signal(self) -> bool:
+        """The driver ended or its head moved; did Slurm's pre-walltime signal
+        cause it (the head drains)?"""
         if self._signal is None:
             return False
         info = self.session.job_info(self.head.job_id, unreachable_ok=True)
@@ -198,15 +199,17 @@ class PayloadRun:
             nonlocal next_scheduler_check
             rc = self.proc.poll()
             now = time.monotonic()
-            if rc is not None and not self._drained and self._stopped_by_the_signal():
-                self._drained = True
-                log.info("event=driver_signalled session=%s head=%s reason=pre_walltime_signal",
-                         self.session.job_name, self.head.job_id)
             gone = self._moved()
             if gone is None and (rc is not None or now >= next_scheduler_check):
                 next_scheduler_check = now + SCHEDULER_CHECK_INTERVAL
                 # An exit is judged on a fresh answer; a running driver's watch takes the shared one.
                 gone = self._head_gone(0.0 if rc is not None else watch_max_age())
+            # The driver ended, or its head moved before we saw it drain (a
+            # quick election can pass between two checks): was it the signal?
+            if (rc is not None or gone is not None) and not self._drained and self._moved_by_the_signal():
+                self._drained = True
+                log.info("event=driver_signalled session=%s head=%s reason=pre_walltime_signal",
+                         self.session.job_name, self.head.job_id)
             if gone is not None:
                 self._stop()
                 if self._drained and self._handed_over(gone):
