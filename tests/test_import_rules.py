@@ -34,7 +34,8 @@ NEVER: Mapping[str, frozenset[str]] = {
     "protocol": frozenset({"agent", "coordinator", "scheduler", "dagster", "cli", "demo", "ray"}),
     "scheduler": frozenset({"agent", "coordinator", "dagster", "cli", "demo", "ray"}),
     "config": frozenset({"agent", "coordinator", "scheduler", "protocol", "dagster", "cli", "demo", "ray"}),
-    "coordinator": frozenset({"dagster", "cli", "demo"}),
+    "coordinator": frozenset({"dagster", "cli", "demo", "remote"}),
+    "remote": frozenset({"agent", "dagster", "cli", "demo", "ray"}),
     "cli": frozenset({"dagster"}),
     "demo": frozenset({"dagster"}),
 }

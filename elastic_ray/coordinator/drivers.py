@@ -150,6 +150,10 @@ class PayloadRun:
         # our look): either way the head moves because of its signal.
         return obs.job != self.head.job_id or obs.draining
 
+    def stop(self) -> None:
+        """Stop the driver now (SIGTERM to its process group, SIGKILL after a grace)."""
+        self._stop()
+
     def _stop(self) -> None:
         if self.proc.poll() is not None:
             return

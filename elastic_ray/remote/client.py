@@ -1,0 +1,326 @@
+"""A session driven from outside the cluster, over SSH only.
+
+:class:`RemoteSession` has the methods of :class:`~elastic_ray.Session` that
+a run uses (create/open, add/wait/remove worker allocations,
+``worker_allocations``, ``replace_head``, ``run(...).wait()``, ``teardown``),
+and hands out the same handle types (``WorkerAllocation``, ``Head``) and
+raises the same exception types with the same attributes. Each method is
+one remote command over the multiplexed SSH connection (:mod:`.ssh`,
+:mod:`.wire`, :mod:`.server`); nothing but SSH crosses the boundary.
+
+What it does not keep: any state. The session directory on the cluster is
+the truth, and the cluster-side supervisor (:mod:`.supervisor`) watches the
+head, so a client can be killed at any point and a new one ``open``\\ s the
+session and carries on from what is there.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from .. import __version__
+from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from ..config.launcher import RayLauncher
+from ..coordinator.drivers import RunResult
+from ..coordinator.handles import Head, WorkerAllocation
+from ..errors import ConfigError
+from ..protocol.records import AllocationRecord, SessionInfo
+from . import wire
+from .ssh import SSH_FAILED, SshConnection, SshError, SshTarget
+
+log = logging.getLogger(__name__)
+
+SERVER = ["-m", "elastic_ray.remote.server"]
+CALL_MARGIN = 60.0  # s a call may take beyond the timeout it passes to the cluster side
+
+
+class RemoteCall:
+    """One running remote command: request sent, events read as they come."""
+
+    def __init__(self, conn: SshConnection, remote_python: str, op: str, args: Mapping[str, Any],
+                 on_event: Callable[[dict[str, Any]], None] | None = None):
+        self.conn, self.op, self.remote_python = conn, op, remote_python
+        self.command = [remote_python, *SERVER]
+        self.on_event = on_event
+        try:
+            self.proc = conn.popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+        except FileNotFoundError as exc:
+            raise SshError(conn.target, self.command, None, f"{conn.target.ssh_command}: {exc.strerror}") from None
+        self._stderr: list[bytes] = []
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self.outcome: dict[str, Any] | None = None
+        self.done = threading.Event()
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(wire.request(op, args, __version__))
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # ssh already ended; read() says why
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _drain_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._stderr.append(line)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        try:
+            for line in self.proc.stdout:
+                event = wire.decode(line)
+                if event is None:
+                    log.debug("remote noise: %r", line[:200])
+                elif event["ev"] in ("result", "error"):
+                    self.outcome = event
+                elif self.on_event is not None:
+                    self.on_event(event)
+        except wire.ProtocolError as exc:
+            self.outcome = wire.error_event(exc)
+        finally:
+            self.done.set()
+
+    def cancel(self) -> None:
+        """Close our end: the cluster side stops a payload or abandons a wait."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The call's value, or its error raised as the same type."""
+        if not self.done.wait(timeout):
+            self.cancel()
+            raise TimeoutError(f"{self.op} over ssh to {self.conn.target.host}: no answer in {timeout:g} s; "
+                               f"stopped it")
+        self.cancel()
+        rc = self.proc.wait()
+        if self.outcome is None:
+            raise self._failure(rc)
+        if self.outcome["ev"] == "error":
+            raise wire.rebuild_error(self.outcome)
+        return self.outcome.get("value")
+
+    def _failure(self, rc: int) -> Exception:
+        stderr = b"".join(self._stderr).decode(errors="replace").strip()
+        if rc == SSH_FAILED:
+            return SshError(self.conn.target, self.command, rc, stderr)
+        if "No module named" in stderr or rc == 127 or "not found" in stderr.lower():
+            return wire.RemoteSetupError(
+                f"the cluster side could not start {' '.join(self.command)!r} on {self.conn.target.host} "
+                f"(exit {rc}): {stderr.splitlines()[-1] if stderr else 'no message'}; install elastic-ray "
+                f"{__version__} there and point remote_python at that interpreter")
+        return wire.ProtocolError(f"{self.op} on {self.conn.target.host} ended (exit {rc}) without an answer: "
+                                  f"{stderr[-2000:] or 'no message'}")
+
+
+class RemoteRun:
+    """A payload driver started over SSH; ``wait`` is the same as a local run's."""
+
+    def __init__(self, session: "RemoteSession", args: dict[str, Any], stdout: IO[str] | None,
+                 stderr: IO[str] | None, on_pipes: Callable[[str], None] | None = None):
+        self.session = session
+        self._streams = {1: stdout, 2: stderr}
+        self._on_pipes = on_pipes
+        self.started = threading.Event()
+        self.head_job: str | None = None
+        self.call = RemoteCall(session.conn, session.remote_python, "run", args, self._event)
+
+    def _event(self, event: dict[str, Any]) -> None:
+        kind = event["ev"]
+        if kind == "out":
+            stream = self._streams.get(event.get("fd")) or (sys.stdout if event.get("fd") == 1 else sys.stderr)
+            stream.write(event.get("data", ""))
+            stream.flush()
+        elif kind == "pipes" and self._on_pipes is not None:
+            self._on_pipes(event.get("line", ""))
+        elif kind == "started":
+            self.head_job = event.get("head_job")
+            self.started.set()
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        try:
+            value = self.call.result(timeout)
+        except TimeoutError:
+            raise TimeoutError(f"driver still running after {timeout:.0f}s; stopped it") from None
+        return RunResult(int(value["returncode"]), str(value["head_job"]), float(value["seconds"]))
+
+    def stop(self) -> None:
+        """Stop the driver on the cluster (it ends with the call)."""
+        self.call.cancel()
+
+
+class RemoteSession:
+    """A run on a Slurm cluster, driven from outside it over SSH."""
+
+    def __init__(self, conn: SshConnection, path: str, remote_python: str, described: Mapping[str, Any]):
+        self.conn, self.remote_python = conn, remote_python
+        self._path = path
+        self.info = SessionInfo.from_dict(described["info"])
+        self.supervisor_pid = described.get("supervisor_pid")
+        self.launcher = RayLauncher.from_dict(self.info.launcher)
+
+    # ------------------------------------------------------------ create / open
+    @staticmethod
+    def _connection(ssh: SshTarget | SshConnection) -> SshConnection:
+        if isinstance(ssh, SshConnection):
+            return ssh
+        if isinstance(ssh, SshTarget):
+            return SshConnection(ssh)
+        raise ConfigError("ssh", ssh, "must be an SshTarget (host, user, port, key_path, ...) or an SshConnection")
+
+    @staticmethod
+    def _remote_path(path: str | Path) -> str:
+        text = str(path)
+        if not text.startswith("/"):
+            raise ConfigError("path", text, "must be an absolute path on the cluster side")
+        return text
+
+    @classmethod
+    def create(cls, path: str | Path, *, ssh: SshTarget | SshConnection, head: SlurmRunAllocationConfig,
+               remote_python: str = "python3", scheduler: str | None = None, launcher: RayLauncher | None = None,
+               ray_head_only: bool = True, worker_allocation: SlurmWorkerAllocationConfig | None = None,
+               job_name: str | None = None, supervise_interval: float = 30.0) -> "RemoteSession":
+        """Create the session on the cluster side and submit its head (as ``Session.create``).
+
+        The configs are checked here first, so a bad field fails before any
+        SSH traffic. The cluster-side supervisor starts with it.
+        """
+        if not isinstance(head, SlurmRunAllocationConfig):
+            raise ConfigError("head", head, "must be a SlurmRunAllocationConfig")
+        if worker_allocation is not None and not isinstance(worker_allocation, SlurmWorkerAllocationConfig):
+            raise ConfigError("worker_allocation", worker_allocation, "must be a SlurmWorkerAllocationConfig")
+        if launcher is not None and not isinstance(launcher, RayLauncher):
+            raise ConfigError("launcher", launcher, "must be a RayLauncher")
+        conn, remote = cls._connection(ssh), cls._remote_path(path)
+        args = {"path": remote, "head": head.to_dict(), "scheduler": scheduler,
+                "launcher": None if launcher is None else launcher.to_dict(), "ray_head_only": ray_head_only,
+                "worker_allocation": None if worker_allocation is None else worker_allocation.to_dict(),
+                "job_name": job_name, "supervise_interval": supervise_interval}
+        described = RemoteCall(conn, remote_python, "create", args).result()
+        return cls(conn, remote, remote_python, described)
+
+    @classmethod
+    def open(cls, path: str | Path, *, ssh: SshTarget | SshConnection, remote_python: str = "python3",
+             supervise_interval: float = 30.0) -> "RemoteSession":
+        """Open an existing session (a reconnecting client); restarts its supervisor if it is gone."""
+        conn, remote = cls._connection(ssh), cls._remote_path(path)
+        described = RemoteCall(conn, remote_python, "open",
+                               {"path": remote, "supervise_interval": supervise_interval}).result()
+        return cls(conn, remote, remote_python, described)
+
+    def _call(self, op: str, progress: Callable[[str], None] | None = None, **args: Any) -> Any:
+        def on_event(event: dict[str, Any]) -> None:
+            if event["ev"] == "progress" and progress is not None:
+                progress(str(event.get("message", "")))
+
+        # A wait's own timeout is the cluster side's; the client allows a margin beyond it.
+        wait = args.get("timeout")
+        call = RemoteCall(self.conn, self.remote_python, op, {"path": self._path, **args}, on_event)
+        return call.result(None if wait is None else float(wait) + CALL_MARGIN)
+
+    def close(self) -> None:
+        """End the SSH master connection (the session and its supervisor keep running)."""
+        self.conn.close()
+
+    def __enter__(self) -> "RemoteSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ views
+    @property
+    def path(self) -> str:
+        """The session directory, on the cluster side."""
+        return self._path
+
+    @property
+    def job_name(self) -> str:
+        return self.info.job_name
+
+    def record(self) -> AllocationRecord:
+        return AllocationRecord.from_dict(self._call("record"))
+
+    @property
+    def head(self) -> Head | None:
+        value = self._call("head")
+        return None if value is None else Head(value["job_id"], value["address"], self)
+
+    def head_config(self) -> SlurmRunAllocationConfig:
+        return SlurmRunAllocationConfig.from_dict(self.info.head)
+
+    @property
+    def worker_allocations(self) -> list[WorkerAllocation]:
+        """Live worker allocations (pending or running, not removed)."""
+        return [WorkerAllocation(self, job) for job in self._call("worker_allocations")]
+
+    def hello(self) -> dict[str, Any]:
+        """The cluster side's version and interpreter (a version mismatch raises)."""
+        return self._call("hello")
+
+    # ------------------------------------------------------------ changes
+    def wait_for_head(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> str:
+        return self._call("wait_for_head", progress, timeout=timeout)
+
+    def add_worker_allocation(self, config: SlurmWorkerAllocationConfig | None = None) -> WorkerAllocation:
+        if config is not None and not isinstance(config, SlurmWorkerAllocationConfig):
+            raise ConfigError("config", config, "must be a SlurmWorkerAllocationConfig")
+        job = self._call("add_worker", config=None if config is None else config.to_dict())
+        return WorkerAllocation(self, job)
+
+    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0,
+                                   progress: Callable[[str], None] | None = None) -> dict[str, str]:
+        return self._call("wait_worker", progress, timeout=timeout, job_id=_job(handle))
+
+    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
+                                 wait: bool = True, progress: Callable[[str], None] | None = None) -> str:
+        return self._call("remove_worker", progress, job_id=_job(handle), drain_timeout=drain_timeout, wait=wait)
+
+    def drain_job(self, job_id: str, drain_timeout: float, reason: str) -> int:
+        return self._call("drain_job", job_id=job_id, drain_timeout=drain_timeout, reason=reason)
+
+    def replace_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+        value = self._call("replace_head", progress, timeout=timeout)
+        return Head(value["job_id"], value["address"], self)
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, head: Head | None = None,
+            stdout: IO[str] | None = None, stderr: IO[str] | None = None, pipes_path: str | None = None,
+            on_pipes: Callable[[str], None] | None = None) -> RemoteRun:
+        """Start a payload driver next to the head; its output streams back here.
+
+        ``argv`` runs on the cluster side (paths there). Closing this process
+        stops the driver; the session goes on.
+        """
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError("argv: must be a non-empty list of strings")
+        bad = [k for k, v in (env or {}).items() if not isinstance(k, str) or not isinstance(v, str)]
+        if bad:
+            raise ValueError(f"env[{bad[0]!r}]: names and values must be strings")
+        args: dict[str, Any] = {"path": self._path, "argv": list(argv), "env": dict(env or {}),
+                                "head": None if head is None else {"job_id": head.job_id, "address": head.address},
+                                "pipes_path": pipes_path}
+        return RemoteRun(self, args, stdout, stderr, on_pipes)
+
+    def put_file(self, remote_path: str, data: bytes, mode: int = 0o600) -> str:
+        """Write ``data`` to ``remote_path`` on the cluster side (atomically); returns the path."""
+        import base64
+
+        return self._call("put_file", path=self._remote_path(remote_path),
+                          data=base64.b64encode(data).decode(), mode=mode)
+
+    def teardown(self, extra: Sequence[str] | None = None) -> tuple[str, ...]:
+        """Stop the cluster-side supervisor and cancel every job of the session."""
+        return tuple(self._call("teardown", extra=list(extra or ())))
+
+
+def _job(handle: WorkerAllocation | str) -> str:
+    return handle.job_id if isinstance(handle, WorkerAllocation) else str(handle)

@@ -1,0 +1,154 @@
+"""The one place that runs the system's OpenSSH client.
+
+Why the system client and not a Python SSH library: it honours what users
+already set up to reach their cluster (``~/.ssh/config``, ProxyJump, agents,
+Kerberos, hardware keys). Why one multiplexed connection: every call of the
+SSH mode is one remote command, and a fresh SSH handshake costs a few hundred
+milliseconds (more through a jump host); with ``ControlMaster=auto`` the
+first call opens a master connection and every later call opens only a new
+channel on it. ``ControlPersist`` keeps the master a short while after the
+last call so that a burst of calls reuses it, and :meth:`SshConnection.close`
+ends it.
+
+ssh itself exits 255 when it could not connect or authenticate; any other
+code is the remote command's. Only the former becomes :class:`SshError`,
+whose message names the host, the user, the command and ssh's own words.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ElasticRayError
+
+log = logging.getLogger(__name__)
+
+SSH_FAILED = 255  # ssh's own exit code for a connection or authentication failure
+
+
+class SshError(ElasticRayError):
+    """ssh could not run a command on the cluster (connect, authenticate, or spawn)."""
+
+    def __init__(self, target: "SshTarget", command: Sequence[str], returncode: int | None, stderr: str):
+        self.host = target.host
+        self.user = target.user
+        self.command = tuple(command)
+        self.returncode = returncode
+        self.stderr = stderr.strip()
+        who = f"{target.user}@{target.host}" if target.user else target.host
+        port = f" port {target.port}" if target.port else ""
+        said = self.stderr.splitlines()[-1] if self.stderr else "no message"
+        super().__init__(f"ssh to {who}{port} failed (exit {returncode}) running {shlex.join(command)!r}: {said}")
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Where and how to log in; None leaves the choice to ssh and ``~/.ssh/config``.
+
+    ``options`` are extra ``-o NAME=VALUE`` settings; ``config_file`` is
+    ssh's ``-F`` (``/dev/null`` ignores the user's config, as tests do).
+    """
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+    key_path: str | None = None
+    options: tuple[str, ...] = ()
+    config_file: str | None = None
+    ssh_command: str = "ssh"
+    connect_timeout: float = 15.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host or self.host.startswith("-") or any(
+                c.isspace() for c in self.host):
+            raise ValueError(f"ssh.host: {self.host!r} is not a host name")
+        if self.user is not None and (not self.user or self.user.startswith("-") or "@" in self.user):
+            raise ValueError(f"ssh.user: {self.user!r} is not a user name")
+        if self.port is not None and not (isinstance(self.port, int) and 0 < self.port < 65536):
+            raise ValueError(f"ssh.port: {self.port!r} must be a TCP port (1-65535)")
+        for option in self.options:
+            if not isinstance(option, str) or "=" not in option or option.startswith("-"):
+                raise ValueError(f"ssh.options: {option!r} must look like NAME=VALUE")
+        if self.key_path is not None and not Path(self.key_path).expanduser().is_file():
+            raise ValueError(f"ssh.key_path: {self.key_path!r} is not a file")
+
+
+@dataclass
+class SshConnection:
+    """Runs remote commands over one multiplexed connection to ``target``."""
+
+    target: SshTarget
+    control_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="er-ssh-")))
+    persist: int = 120
+
+    def _base(self) -> list[str]:
+        t = self.target
+        argv = [t.ssh_command]
+        if t.config_file:
+            argv += ["-F", t.config_file]
+        if t.port:
+            argv += ["-p", str(t.port)]
+        if t.key_path:
+            argv += ["-i", str(Path(t.key_path).expanduser())]
+        if t.user:
+            argv += ["-l", t.user]
+        argv += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(max(1, t.connect_timeout))}",
+                 "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
+                 "-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
+                 "-o", f"ControlPersist={self.persist}"]
+        for option in t.options:
+            argv += ["-o", option]
+        return argv
+
+    def argv(self, remote: Sequence[str]) -> list[str]:
+        """The full local argv that runs ``remote`` (quoted for the remote shell)."""
+        return [*self._base(), "-T", "--", self.target.host, shlex.join(remote)]
+
+    def popen(self, remote: Sequence[str], **kwargs) -> subprocess.Popen:
+        """Start ``remote``; the caller owns the pipes (stdin/stdout/stderr in ``kwargs``)."""
+        return subprocess.Popen(self.argv(remote), **kwargs)
+
+    def run(self, remote: Sequence[str], *, input: bytes | None = None,
+            timeout: float | None = None) -> subprocess.CompletedProcess:
+        """Run ``remote`` to its end; :class:`SshError` if ssh itself failed."""
+        try:
+            cp = subprocess.run(self.argv(remote), input=input, capture_output=True, timeout=timeout,
+                                stdin=None if input is not None else subprocess.DEVNULL)
+        except FileNotFoundError as exc:
+            raise SshError(self.target, remote, None, f"{self.target.ssh_command}: {exc.strerror}") from None
+        except subprocess.TimeoutExpired as exc:
+            raise SshError(self.target, remote, None, f"no answer within {timeout:g} s") from exc
+        if cp.returncode == SSH_FAILED:
+            raise SshError(self.target, remote, cp.returncode, cp.stderr.decode(errors="replace"))
+        return cp
+
+    def check(self) -> None:
+        """Open (or reuse) the master connection; :class:`SshError` says why it failed."""
+        cp = self.run(["true"], timeout=self.target.connect_timeout + 10)
+        if cp.returncode != 0:
+            raise SshError(self.target, ["true"], cp.returncode, cp.stderr.decode(errors="replace"))
+
+    def close(self) -> None:
+        """End the master connection, if one is up (ssh -O exit), and its socket folder."""
+        if not self.control_dir.exists():
+            return
+        sockets = [p for p in self.control_dir.iterdir()]
+        if sockets:
+            subprocess.run([*self._base(), "-O", "exit", self.target.host], capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=10)
+        for p in self.control_dir.iterdir():
+            try:
+                p.unlink()
+            except OSError:
+                pass
+        try:
+            os.rmdir(self.control_dir)
+        except OSError:
+            pass
