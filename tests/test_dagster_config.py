@@ -11,6 +11,7 @@ from elastic_ray.config import SlurmWorkerAllocationConfig as CoreWorker
 from elastic_ray.config.launcher import RayLauncher as CoreLauncher
 from elastic_ray.config.queue import SlurmQueue as CoreQueue
 from elastic_ray.dagster import (
+    SSHConnectionResource,
     ComputeResource,
     RayLauncher,
     SlurmQueueConfig,
@@ -76,8 +77,16 @@ def test_compute_resource_errors_name_the_field():
         ComputeResource(mode="slurm", run_allocation=SlurmRunAllocationConfig(partition="cpu"))
     with pytest.raises(pydantic.ValidationError, match="allocation_scope"):
         ComputeResource(mode="local", allocation_scope="asset", run_allocation=SlurmRunAllocationConfig(partition="cpu"))
-    with pytest.raises(NotImplementedError, match="remote_base"):
+    with pytest.raises(pydantic.ValidationError, match="ssh"):
         SlurmResource(remote_base="/home/me")
+    with pytest.raises(pydantic.ValidationError, match="remote_base"):
+        SlurmResource(ssh=SSHConnectionResource(host="login"))
+    with pytest.raises(pydantic.ValidationError, match="remote_base='relative'"):
+        SlurmResource(ssh=SSHConnectionResource(host="login"), remote_base="relative")
+    with pytest.raises(pydantic.ValidationError, match="ssh.port"):
+        SSHConnectionResource(host="login", port=70000)
+    with pytest.raises(pydantic.ValidationError, match="ssh.host"):
+        SSHConnectionResource(host="-oProxyCommand=x")
 
 
 def test_session_resource_fields_are_the_head_allocation_fields():

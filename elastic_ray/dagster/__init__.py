@@ -8,6 +8,7 @@ differences are listed in docs/dagster.md.
 from ..errors import SlurmAllocationEnded, SlurmStepDrained
 from .configs import RayLauncher, SlurmQueueConfig, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from .resources import ComputeResource, SlurmResource, SlurmSessionResource
+from .ssh_mode import SSHConnectionResource
 from .run_session import RunSession
 from .sensor import build_orphan_sensor
 
@@ -15,6 +16,7 @@ __all__ = [
     "ComputeResource",
     "RayLauncher",
     "RunSession",
+    "SSHConnectionResource",
     "SlurmAllocationEnded",
     "SlurmQueueConfig",
     "SlurmResource",

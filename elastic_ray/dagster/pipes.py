@@ -23,6 +23,7 @@ from dagster import (
     open_pipes_session,
 )
 
+from ..coordinator.session import Session
 from .run_session import RunSession
 
 
@@ -64,6 +65,12 @@ def run_pipes_payload(
     if bad:
         raise ValueError(f"extra_env[{bad[0]!r}]: names and values must be strings")
 
+    if not isinstance(run_session.session, Session):   # SSH mode: the session is on the cluster
+        from .ssh_mode import run_remote_pipes_payload
+
+        return run_remote_pipes_payload(context, run_session, script, label=_step_label(context), args=args,
+                                        env=env, python=python, extras=extras, head_timeout=head_timeout,
+                                        timeout=timeout)
     head = run_session.ready_head(timeout=head_timeout)
     messages = run_session.path / "pipes" / f"{_step_label(context)}-{uuid.uuid4().hex[:8]}.jsonl"
     messages.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import typing
 from typing import Any, Literal, Optional
 
@@ -33,27 +34,46 @@ from .configs import (
 )
 from .pipes import run_pipes_payload
 from .run_session import RunSession, in_multiprocess_step, open_or_create, run_key, session_root
+from .ssh_mode import SSHConnectionResource, open_or_create_remote
 
 log = logging.getLogger("elastic_ray.dagster")
 
 
 class SlurmResource(dagster.ConfigurableResource):
-    """The cluster: for now its queue defaults (SSH access comes later)."""
+    """The cluster: its queue defaults and, from outside it, how to reach it over SSH."""
 
     queue: SlurmQueueConfig = Field(default_factory=SlurmQueueConfig,
                                     description="Default compute request of the site's queue.")
-    remote_base: Optional[str] = Field(default=None, description="Not supported yet: sessions live in "
-                                                                 "session_root on a shared filesystem.")
+    ssh: Optional[SSHConnectionResource] = Field(
+        default=None, description="Reach the cluster over SSH (the SSH mode); unset: this process runs on a "
+                                  "host with the Slurm commands and the shared filesystem.")
+    remote_base: Optional[str] = Field(
+        default=None, description="SSH mode: a directory on the cluster's shared filesystem; run sessions go "
+                                  "to remote_base/sessions, and the cluster-side install to remote_base/venv.")
+    remote_python: Optional[str] = Field(
+        default=None, description="SSH mode: the cluster side's Python with elastic-ray installed "
+                                  "(default: remote_base/venv/bin/python).")
 
     @pydantic.model_validator(mode="after")
-    def _not_yet(self) -> "SlurmResource":
-        if self.remote_base is not None:
-            raise NotImplementedError("SlurmResource.remote_base: submitting over SSH is not supported yet; "
-                                      "run Dagster on a host that has the Slurm commands and set session_root")
+    def _check_ssh(self) -> "SlurmResource":
+        if (self.ssh is None) != (self.remote_base is None):
+            missing = "remote_base" if self.remote_base is None else "ssh"
+            raise ConfigError(missing, None, "the SSH mode needs both ssh=SSHConnectionResource(...) and "
+                                             "remote_base='/absolute/dir/on/the/cluster'")
+        if self.remote_base is not None and not self.remote_base.startswith("/"):
+            raise ConfigError("remote_base", self.remote_base, "must be an absolute path on the cluster")
+        if self.remote_python is not None and self.ssh is None:
+            raise ConfigError("remote_python", self.remote_python, "only used in the SSH mode (set ssh and remote_base)")
         return self
 
     def core_queue(self) -> SlurmQueue:
         return self.queue.to_core()
+
+
+def _ssh_of(resource: Any) -> Optional[SlurmResource]:
+    """The resource's SlurmResource if it is in the SSH mode."""
+    slurm = getattr(resource, "slurm", None)
+    return slurm if slurm is not None and slurm.ssh is not None else None
 
 
 def _queue_of(slurm: Optional[SlurmResource]) -> SlurmQueue:
@@ -68,11 +88,20 @@ class _RunScoped:
     def scheduler_kind(self) -> str:
         """``mode``, else $ELASTIC_RAY_SCHEDULER: read when a run opens its
         session, so one definition serves a laptop and the cluster; neither
-        is a ConfigError naming ``mode`` that says both ways."""
-        return scheduler_kind(getattr(self, "mode"), field="mode")
+        is a ConfigError naming ``mode`` that says both ways. The SSH mode
+        reaches a Slurm cluster by definition: there, unset means 'slurm'."""
+        mode = getattr(self, "mode")
+        if mode is None and _ssh_of(self) is not None and not os.environ.get(SCHEDULER_ENV):
+            return "slurm"
+        return scheduler_kind(mode, field="mode")
 
     def _open(self, context: Any, layout: RunLayout, launcher: CoreRayLauncher,
               queue: SlurmQueue, root: Optional[str], heal_timeout: float) -> RunSession:
+        slurm = _ssh_of(self)
+        if self._run_session is None and slurm is not None:
+            self._run_session = open_or_create_remote(
+                slurm.ssh, slurm.remote_base, slurm.remote_python, run_key(context), layout=layout,
+                scheduler=self.scheduler_kind(), launcher=launcher, queue=queue, heal_timeout=heal_timeout)
         if self._run_session is None:
             self._run_session = open_or_create(session_root(root), run_key(context), layout=layout,
                                                scheduler=self.scheduler_kind(), launcher=launcher, queue=queue,
@@ -261,4 +290,4 @@ first allocation) plus ``ray_head_only``, ``worker_allocation``, ``mode``,
 ``launcher``, ``session_root`` and ``head_timeout``. Generated from the core
 config, so it has exactly its fields and checks."""
 
-__all__ = ["ComputeResource", "SlurmResource", "SlurmSessionResource"]
+__all__ = ["ComputeResource", "SSHConnectionResource", "SlurmResource", "SlurmSessionResource"]

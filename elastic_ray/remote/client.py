@@ -194,19 +194,40 @@ class RemoteSession:
         The configs are checked here first, so a bad field fails before any
         SSH traffic. The cluster-side supervisor starts with it.
         """
+        conn, remote = cls._connection(ssh), cls._remote_path(path)
+        args = cls._create_args(remote, head, scheduler=scheduler, launcher=launcher, ray_head_only=ray_head_only,
+                                worker_allocation=worker_allocation, job_name=job_name,
+                                supervise_interval=supervise_interval)
+        described = RemoteCall(conn, remote_python, "create", args).result()
+        return cls(conn, remote, remote_python, described)
+
+    @staticmethod
+    def _create_args(remote: str, head: SlurmRunAllocationConfig, *, scheduler: str | None = None,
+                     launcher: RayLauncher | None = None, ray_head_only: bool = True,
+                     worker_allocation: SlurmWorkerAllocationConfig | None = None, job_name: str | None = None,
+                     supervise_interval: float = 30.0) -> dict[str, Any]:
+        """Pure: the arguments of a create, checked here before any SSH traffic."""
         if not isinstance(head, SlurmRunAllocationConfig):
             raise ConfigError("head", head, "must be a SlurmRunAllocationConfig")
         if worker_allocation is not None and not isinstance(worker_allocation, SlurmWorkerAllocationConfig):
             raise ConfigError("worker_allocation", worker_allocation, "must be a SlurmWorkerAllocationConfig")
         if launcher is not None and not isinstance(launcher, RayLauncher):
             raise ConfigError("launcher", launcher, "must be a RayLauncher")
-        conn, remote = cls._connection(ssh), cls._remote_path(path)
-        args = {"path": remote, "head": head.to_dict(), "scheduler": scheduler,
+        return {"path": remote, "head": head.to_dict(), "scheduler": scheduler,
                 "launcher": None if launcher is None else launcher.to_dict(), "ray_head_only": ray_head_only,
                 "worker_allocation": None if worker_allocation is None else worker_allocation.to_dict(),
                 "job_name": job_name, "supervise_interval": supervise_interval}
-        described = RemoteCall(conn, remote_python, "create", args).result()
-        return cls(conn, remote, remote_python, described)
+
+    @classmethod
+    def open_or_create(cls, path: str | Path, *, ssh: SshTarget | SshConnection, head: SlurmRunAllocationConfig,
+                       remote_python: str = "python3", **create: Any) -> tuple["RemoteSession", bool]:
+        """The session at ``path``, created unless it exists (one creator among
+        concurrent callers, under a lock on the cluster side); returns it and
+        whether this call created it. ``create`` takes ``create``'s keywords."""
+        conn, remote = cls._connection(ssh), cls._remote_path(path)
+        args = cls._create_args(remote, head, **create)
+        described = RemoteCall(conn, remote_python, "open_or_create", args).result()
+        return cls(conn, remote, remote_python, described), bool(described.get("created"))
 
     @classmethod
     def open(cls, path: str | Path, *, ssh: SshTarget | SshConnection, remote_python: str = "python3",
@@ -287,6 +308,15 @@ class RemoteSession:
 
     def drain_job(self, job_id: str, drain_timeout: float, reason: str) -> int:
         return self._call("drain_job", job_id=job_id, drain_timeout=drain_timeout, reason=reason)
+
+    def ready_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+        """The current head once healthy; waits while it is queued or starting, never elects."""
+        value = self._call("ready_head", progress, timeout=timeout)
+        return Head(value["job_id"], value["address"], self)
+
+    def head_is_lost(self) -> bool:
+        """Whether the head must be replaced now (ended, stopped, draining, replaced)."""
+        return bool(self._call("head_is_lost"))
 
     def replace_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
         value = self._call("replace_head", progress, timeout=timeout)

@@ -88,20 +88,36 @@ def op_hello(args: Mapping[str, Any], reply: Reply) -> Any:
     return {"version": __version__, "python": sys.executable, "schema": wire.SCHEMA}
 
 
-def op_create(args: Mapping[str, Any], reply: Reply) -> Any:
+def _create(args: Mapping[str, Any]):
     from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
     from ..config.launcher import RayLauncher
     from ..coordinator.session import Session
 
     worker = args.get("worker_allocation")
     launcher = args.get("launcher")
-    session = Session.create(
+    return Session.create(
         _path(args), head=SlurmRunAllocationConfig.from_dict(args["head"]), scheduler=args.get("scheduler"),
         launcher=None if launcher is None else RayLauncher.from_dict(launcher),
         ray_head_only=bool(args.get("ray_head_only", True)),
         worker_allocation=None if worker is None else SlurmWorkerAllocationConfig.from_dict(worker),
         job_name=args.get("job_name"), supervise=False)
-    return _describe(session, args)
+
+
+def op_create(args: Mapping[str, Any], reply: Reply) -> Any:
+    return _describe(_create(args), args)
+
+
+def op_open_or_create(args: Mapping[str, Any], reply: Reply) -> Any:
+    """The session at ``path``, created by the first caller of any client
+    (a run's steps may arrive at once from several processes)."""
+    from filelock import FileLock
+
+    path = _path(args)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with FileLock(str(path.parent / f"{path.name}.lock"), timeout=300):
+        created = not (path / "session.json").exists()
+        session = _create(args) if created else _session(args)
+    return {**_describe(session, args), "created": created}
 
 
 def op_open(args: Mapping[str, Any], reply: Reply) -> Any:
@@ -153,6 +169,18 @@ def op_replace_head(args: Mapping[str, Any], reply: Reply) -> Any:
     return _head(_session(args).replace_head(timeout=float(args.get("timeout", 3600.0)), progress=reply.progress))
 
 
+def op_ready_head(args: Mapping[str, Any], reply: Reply) -> Any:
+    from ..coordinator.ready import ready_head
+
+    return _head(ready_head(_session(args), float(args.get("timeout", 3600.0)), progress=reply.progress))
+
+
+def op_head_is_lost(args: Mapping[str, Any], reply: Reply) -> Any:
+    from ..coordinator.ready import head_is_lost
+
+    return head_is_lost(_session(args))
+
+
 def op_teardown(args: Mapping[str, Any], reply: Reply) -> Any:
     session = _session(args)
     stop_supervisor(session.path)
@@ -202,6 +230,8 @@ def op_run(args: Mapping[str, Any], reply: Reply, client_gone: threading.Event) 
     argv, env = list(args["argv"]), dict(args.get("env") or {})
     expected = args.get("head")
     head = None if expected is None else Head(expected["job_id"], expected["address"], session)
+    if args.get("pipes_path"):   # the payload appends its Pipes messages there
+        Path(args["pipes_path"]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     driver = session.run(argv, env=env, head=head, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     reply.send({"ev": "started", "head_job": driver.head.job_id, "pid": driver.proc.pid})
     pumps = [threading.Thread(target=_pump, args=(s, fd, reply), daemon=True)
@@ -235,9 +265,11 @@ OPS: dict[str, Callable[[Mapping[str, Any], Reply], Any]] = {
     "wait_for_head": op_wait_for_head, "add_worker": op_add_worker, "wait_worker": op_wait_worker,
     "remove_worker": op_remove_worker, "drain_job": op_drain_job, "worker_allocations": op_worker_allocations,
     "replace_head": op_replace_head, "teardown": op_teardown, "put_file": op_put_file,
+    "open_or_create": op_open_or_create, "ready_head": op_ready_head, "head_is_lost": op_head_is_lost,
 }
 # Waits the client may abandon: nothing is under way that the client's absence changes.
-ABANDONABLE = frozenset({"hello", "open", "record", "head", "wait_for_head", "wait_worker", "worker_allocations"})
+ABANDONABLE = frozenset({"hello", "open", "record", "head", "wait_for_head", "wait_worker", "worker_allocations",
+                         "ready_head", "head_is_lost"})
 
 
 def _watch_stdin(fd: int, gone: threading.Event, op: str) -> None:
