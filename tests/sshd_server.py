@@ -159,20 +159,42 @@ def free_port(address: str) -> int:
         return s.getsockname()[1]
 
 
-def _children(ppid: int) -> list[int]:
-    """PIDs whose parent is ppid (sshd's per-connection processes), from /proc."""
-    kids = []
-    for entry in os.listdir("/proc"):
+def _socket_inodes(port: int) -> set[str]:
+    """Inodes of the TCP sockets (v4 and v6) whose local port is ``port``, from /proc/net."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and int(fields[1].rsplit(":", 1)[1], 16) == port and fields[9] != "0":
+                inodes.add(fields[9])
+    return inodes
+
+
+def connection_pids(port: int) -> list[int]:
+    """sshd processes holding a socket on our port: the connections our sshd accepted.
+
+    Found by socket, not by parent: once the listener is gone they are orphans, and a
+    connection accepted just before the listener saw SIGTERM was never in a snapshot
+    of its children.
+    """
+    targets = {f"socket:[{inode}]" for inode in _socket_inodes(port)}
+    pids = []
+    for entry in os.listdir("/proc") if targets else ():
         if not entry.isdigit():
             continue
         try:
-            data = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
+            if Path(f"/proc/{entry}/comm").read_text().strip() != "sshd":
+                continue
+            fds = os.listdir(f"/proc/{entry}/fd")
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") in targets for fd in fds):
+                pids.append(int(entry))
+        except OSError:  # gone meanwhile, or a fd closed while we looked
             continue
-        fields = data[data.rfind(")") + 2:].split()  # the comm field may hold spaces
-        if len(fields) > 1 and int(fields[1]) == ppid:
-            kids.append(int(entry))
-    return kids
+    return pids
 
 
 # --------------------------------------------------------------------------- server
@@ -261,32 +283,30 @@ class SshServer:
     def stop(self) -> None:
         """End our sshd by its PID (SIGTERM, then SIGKILL after a grace); idempotent.
 
-        The per-connection processes it forked are ended too, so a ControlPersist master
-        a test left behind cannot keep a session alive past the server.
+        Then the connections it accepted are ended too (SIGTERM, then SIGKILL), so a
+        ControlPersist master a test left behind cannot keep a session alive past the
+        server. Their remote commands are left to the hangup, as with a real sshd.
         """
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        kids = _children(proc.pid)
-        for pid in (proc.pid, *kids):
+        if proc.poll() is None:
+            proc.terminate()
             try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        try:
-            proc.wait(timeout=STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+                proc.wait(timeout=STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        # The listener is gone, so no new connection can start: the set below is complete.
+        pids = connection_pids(self.port)
+        for pid in pids:
+            _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE
-        for pid in kids:
-            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            try:
-                if Path(f"/proc/{pid}").exists():
-                    os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        while pids and time.monotonic() < deadline:
+            pids = [pid for pid in pids if _alive(pid)]
+            time.sleep(0.02)
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
 
     def __enter__(self) -> SshServer:
         return self.start()
@@ -343,6 +363,22 @@ class SshServer:
                                      f"{READY_TIMEOUT:.0f}s; last ssh error: {last}\n"
                                      f"{self.log_path}:\n{_tail(self.log_text())}")
             time.sleep(0.1)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (an orphaned zombie waits for init, which may be slow to reap)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
 
 
 def _run(cmd: list[str]) -> None:

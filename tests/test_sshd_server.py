@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_until
-from tests.sshd_server import SshServer, render_sshd_config
+from tests.sshd_server import SshServer, connection_pids, render_sshd_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -93,16 +92,18 @@ def test_set_env_reaches_the_remote_command(tmp_path):
 
 def test_stop_ends_the_daemon_and_its_connections(tmp_path):
     server = SshServer(tmp_path / "sshd").start()
-    pid = server.pid
-    client = subprocess.Popen(server.ssh_argv("sleep 30"), stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    pid, port = server.pid, server.port
+    # The remote cat reads our open stdin: it ends when its connection does, not on its own.
+    client = subprocess.Popen(server.ssh_argv("echo started; exec cat"), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: "Starting session" in server.log_text(), 10, 0.05,
-                   "the remote sleep to start")
+        assert client.stdout.readline() == "started\n", server.log_text()
+        assert connection_pids(port), "the open connection has sshd processes"
         server.stop()
         assert not Path(f"/proc/{pid}").exists()
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+        assert connection_pids(port) == []
         # The open connection went with it: the client sees its server gone.
         assert client.wait(timeout=10) == 255
         refused = run(server.ssh_argv("true"))
@@ -111,7 +112,7 @@ def test_stop_ends_the_daemon_and_its_connections(tmp_path):
     finally:
         if client.poll() is None:
             client.kill()
-            client.wait()
+        client.communicate()
         server.stop()
 
 
