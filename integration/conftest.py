@@ -3,6 +3,11 @@
 Tests that need Slurm take the session-scoped ``slurm_lab`` fixture and carry ``@pytest.mark.slurm``.
 The fixture reuses a lab that is already up (so a developer can keep one running between test
 runs) and only takes down a lab it started itself.
+
+The SSH mode's tests take a real OpenSSH server (tests/sshd_server.py): ``sshd`` is a plain one
+on 127.0.0.1 (no Slurm, also re-exported to tests/), ``lab_sshd`` one whose remote commands see
+the lab's SLURM_CONF, like a login node of the lab. Both are session-scoped and stopped by PID at
+the end of the session, also when tests failed.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from pathlib import Path
 import pytest
 
 _HERE = Path(__file__).resolve().parent
-if str(_HERE) not in sys.path:
-    sys.path.insert(0, str(_HERE))
+for _path in (_HERE, _HERE.parent):  # labctl; tests.sshd_server
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 import labctl  # noqa: E402
+from tests.sshd_server import SshServer  # noqa: E402
 
 LAB_NODES = 4  # the layout the tests are written for: cpu-1, cpu-2, gpua-1, gpub-1
 
@@ -97,3 +104,21 @@ def slurm_lab():
     finally:
         if started:
             labctl.down()
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    """A started SshServer on 127.0.0.1 with its own keys and known_hosts; no Slurm, no Ray."""
+    with SshServer(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def lab_sshd(slurm_lab, tmp_path_factory):
+    """A started SshServer whose remote commands get SLURM_CONF of the lab (sshd_config SetEnv).
+
+    It runs in the host network namespace on 127.0.0.1, like the test process and slurmctld's
+    clients there, so ``sbatch``/``squeue`` run over it reach the lab's controller.
+    """
+    with SshServer(tmp_path_factory.mktemp("lab-sshd"), env={"SLURM_CONF": str(slurm_lab.conf)}) as server:
+        yield server

@@ -6,6 +6,9 @@ backends (``test_scheduler_contract.py``) request it for their ``slurm``
 case, so it is re-exported here. pytest only shares fixtures down the
 directory tree, hence the import: the repository root goes on ``sys.path``
 so that ``integration`` is importable as a (namespace) package.
+
+``sshd`` (a real OpenSSH server on 127.0.0.1 for the SSH mode's tests, see
+``tests/sshd_server.py``) is defined next to it and re-exported the same way.
 """
 
 from __future__ import annotations
@@ -18,4 +21,4 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 if (ROOT / "integration" / "conftest.py").exists():
-    from integration.conftest import slurm_lab  # noqa: E402,F401 - re-exported fixture
+    from integration.conftest import slurm_lab, sshd  # noqa: E402,F401 - re-exported fixtures
