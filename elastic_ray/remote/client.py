@@ -132,6 +132,7 @@ class RemoteRun:
         self._on_pipes = on_pipes
         self.started = threading.Event()
         self.head_job: str | None = None
+        self.driver_pid: int | None = None  # on the cluster side, once started
         self.call = RemoteCall(session.conn, session.remote_python, "run", args, self._event)
 
     def _event(self, event: dict[str, Any]) -> None:
@@ -144,6 +145,7 @@ class RemoteRun:
             self._on_pipes(event.get("line", ""))
         elif kind == "started":
             self.head_job = event.get("head_job")
+            self.driver_pid = event.get("pid")
             self.started.set()
 
     def wait(self, timeout: float | None = None) -> RunResult:

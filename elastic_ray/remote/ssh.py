@@ -31,6 +31,8 @@ from ..errors import ElasticRayError
 log = logging.getLogger(__name__)
 
 SSH_FAILED = 255  # ssh's own exit code for a connection or authentication failure
+UNIX_PATH_MAX = 107  # bytes of a Unix socket path (sun_path less its NUL)
+CONTROL_NAME_BYTES = 40 + 17  # %C (a SHA-1 in hex) plus the suffix ssh adds while binding
 
 
 class SshError(ElasticRayError):
@@ -87,6 +89,13 @@ class SshConnection:
     target: SshTarget
     control_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="er-ssh-")))
     persist: int = 120
+
+    def __post_init__(self) -> None:
+        # ssh binds the master's socket at ControlPath plus a random suffix,
+        # and a Unix socket path has at most 107 bytes.
+        if len(str(self.control_dir)) + len("/") + CONTROL_NAME_BYTES > UNIX_PATH_MAX:
+            raise ValueError(f"control_dir: {str(self.control_dir)!r} is too long for ssh's control socket "
+                             f"(at most {UNIX_PATH_MAX - CONTROL_NAME_BYTES - 1} characters)")
 
     def _base(self) -> list[str]:
         t = self.target

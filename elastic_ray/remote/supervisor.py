@@ -30,12 +30,14 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ..atomic import atomic_write_text
+from ..polling import wait_for
 
 log = logging.getLogger(__name__)
 
 CHECK_INTERVAL = 5.0  # s between looks at the stop marker
 IDLE_INTERVAL = 60.0  # s between looks at the jobs (the shared scheduler answer, no extra query)
 IDLE_CHECKS = 3
+STOP_WAIT = 60.0  # s a teardown waits for the supervisor to let go
 
 
 def remote_dir(session: str | Path) -> Path:
@@ -77,8 +79,13 @@ def ensure_supervisor(session: str | Path, interval: float = 30.0) -> int:
     return proc.pid
 
 
-def stop_supervisor(session: str | Path) -> int | None:
-    """Leave the stop marker and signal the recorded supervisor; returns its PID."""
+def stop_supervisor(session: str | Path, wait: float = STOP_WAIT) -> int | None:
+    """Leave the stop marker, signal the recorded supervisor and wait up to
+    ``wait`` s for it to let go of the session; returns its PID.
+
+    A teardown calls this first: a supervisor still watching would take the
+    cancelled head for a lost one and elect (submit) a new head behind it.
+    """
     remote_dir(session).mkdir(mode=0o700, exist_ok=True)
     atomic_write_text(remote_dir(session) / "stop", f"{time.time()}\n")
     pid = running_pid(session)
@@ -87,6 +94,10 @@ def stop_supervisor(session: str | Path) -> int | None:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    if pid is not None:
+        gone = wait_for(lambda: running_pid(session) is None, timeout=wait, interval=0.2, raising=False)
+        if not gone:
+            log.warning("event=remote_supervisor_slow_to_stop session=%s pid=%s", session, pid)
     return pid
 
 

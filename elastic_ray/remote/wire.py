@@ -69,7 +69,7 @@ def error_types() -> dict[str, type[BaseException]]:
     found: dict[str, type[BaseException]] = {
         name: obj for name, obj in vars(errors).items()
         if isinstance(obj, type) and issubclass(obj, BaseException)}
-    for cls in (PayloadFailed, WaitTimeout, RemoteError, RemoteVersionMismatch, RemoteSetupError,
+    for cls in (PayloadFailed, WaitTimeout, RemoteError, RemoteVersionMismatch, RemoteSetupError, ProtocolError,
                 TimeoutError, ValueError, TypeError, KeyError, FileNotFoundError, PermissionError,
                 FileExistsError, NotADirectoryError, OSError):
         found[cls.__name__] = cls

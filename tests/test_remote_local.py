@@ -1,0 +1,125 @@
+"""The SSH mode end to end on the local scheduler: a real sshd, real agents, real Ray.
+
+The client side uses only SSH (the ``RemoteSession``); the test itself looks
+at the cluster side directly (files, PIDs) to check what the client cannot.
+The same scenarios on Slurm, with a head failover, are in
+integration/test_remote_slurm.py.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+
+import pytest
+
+from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from elastic_ray.config.launcher import RayLauncher
+from elastic_ray.coordinator.drivers import PayloadFailed
+from elastic_ray.coordinator.handles import Head, WorkerAllocation
+from elastic_ray.coordinator.session import Session
+from elastic_ray.remote import RemoteSession
+from elastic_ray.remote.supervisor import running_pid
+from tests.helpers import committed_units, wait_until
+from tests.remote_helpers import REMOTE_PYTHON, target_of
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+HEAD = SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G")
+WORKER = SlurmWorkerAllocationConfig(partition="gpu-a", num_nodes=1, cpus_per_task=2, mem="2G", time_limit="30")
+
+
+def alive(pid: int | None) -> bool:
+    if not pid or pid < 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:   # a zombie is gone for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def remote(sshd, tmp_path):
+    """A session created over SSH; torn down from inside afterwards, supervisor stopped by PID."""
+    made: list[RemoteSession] = []
+
+    def make(**kwargs) -> RemoteSession:
+        kwargs.setdefault("head", HEAD)
+        kwargs.setdefault("launcher", RayLauncher(object_store_memory=100_000_000))
+        s = RemoteSession.create(str(tmp_path / f"s{len(made)}"), ssh=target_of(sshd), remote_python=REMOTE_PYTHON,
+                                 scheduler="local", **kwargs)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        inside = Session.open(s.path, supervise=False)
+        pid = running_pid(s.path)
+        if pid and pid > 0 and alive(pid):
+            os.kill(pid, 15)
+            wait_until(lambda: not alive(pid), timeout=60, message="the supervisor stopped")
+        inside.teardown()
+        wait_until(lambda: all(i.state.is_final for i in inside.query().values()), timeout=60,
+                   message=f"session jobs did not end after teardown: {inside.query()}")
+        s.close()
+
+
+def test_a_session_over_ssh_works_like_a_local_one(remote, tmp_path):
+    s = remote()
+    assert alive(s.supervisor_pid), "the cluster-side supervisor runs from create on"
+    progress: list[str] = []
+    address = s.wait_for_head(timeout=120, progress=progress.append)
+    worker = s.add_worker_allocation(WORKER)
+    assert isinstance(worker, WorkerAllocation)
+    nodes = s.wait_for_worker_allocation(worker, timeout=120)
+    assert len(nodes) == 1
+    assert [w.job_id for w in s.worker_allocations] == [worker.job_id]
+    assert worker.config.partition == "gpu-a"   # the handle reads the record over SSH
+    head = s.head
+    assert isinstance(head, Head) and head.address == address
+
+    # The payload's output streams back, stdout and stderr apart.
+    out, err = io.StringIO(), io.StringIO()
+    commits = tmp_path / "commits.txt"
+    result = s.run([REMOTE_PYTHON, "-m", "elastic_ray.demo.payload", str(commits), "6"],
+                   stdout=out, stderr=err).wait(timeout=180)
+    assert result.returncode == 0 and result.head_job == head.job_id
+    assert "payload: 0 units already committed, 6 to go" in out.getvalue()
+    assert sorted(committed_units(commits)) == list(range(6))
+
+    with pytest.raises(PayloadFailed) as failed:
+        s.run([REMOTE_PYTHON, "-c", "import sys; print('bad', file=sys.stderr); sys.exit(3)"],
+              stdout=out, stderr=err).wait(timeout=60)
+    assert failed.value.returncode == 3 and "bad" in err.getvalue()
+
+    # A reconnecting client sees the same state.
+    again = RemoteSession.open(s.path, ssh=s.conn.target, remote_python=REMOTE_PYTHON)
+    assert again.head == head and again.supervisor_pid == s.supervisor_pid
+    again.close()
+
+    assert s.remove_worker_allocation(worker, drain_timeout=30) in ("COMPLETED", "CANCELLED")
+    cancelled = s.teardown()
+    assert head.job_id in cancelled
+    wait_until(lambda: not alive(s.supervisor_pid), timeout=30, message="supervisor ended after teardown")
+
+
+def test_a_killed_client_stops_its_payload_and_the_session_goes_on(remote):
+    s = remote()
+    s.wait_for_head(timeout=120)
+    out = io.StringIO()
+    run = s.run([REMOTE_PYTHON, "-c", "import time; print('started', flush=True); time.sleep(120)"], stdout=out)
+    wait_until(lambda: "started" in out.getvalue(), timeout=60, message="payload output")
+    driver = run.driver_pid
+    assert alive(driver)
+    run.call.proc.kill()   # the client process's ssh goes away without a word
+    t0 = time.monotonic()
+    wait_until(lambda: not alive(driver), timeout=30, message="driver stopped after its client vanished")
+    print(f"\nclient killed -> driver stopped on the cluster side in {time.monotonic() - t0:.1f}s")
+    assert alive(s.supervisor_pid), "the session's supervisor does not depend on any client"
+    assert s.head is not None
