@@ -16,6 +16,7 @@ session and carries on from what is there.
 
 from __future__ import annotations
 
+import collections
 import logging
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from .ssh import SSH_FAILED, SshConnection, SshError, SshTarget
 log = logging.getLogger(__name__)
 
 SERVER = ["-m", "elastic_ray.remote.server"]
+STDERR_LINES = 200  # the end of ssh's and the cluster side's stderr kept for an error message
 CALL_MARGIN = 60.0  # s a call may take beyond the timeout it passes to the cluster side
 
 
@@ -53,7 +55,7 @@ class RemoteCall:
                                    stderr=subprocess.PIPE)
         except FileNotFoundError as exc:
             raise SshError(conn.target, self.command, None, f"{conn.target.ssh_command}: {exc.strerror}") from None
-        self._stderr: list[bytes] = []
+        self._stderr: collections.deque[bytes] = collections.deque(maxlen=STDERR_LINES)
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         self.outcome: dict[str, Any] | None = None
         self.done = threading.Event()

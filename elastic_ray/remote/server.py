@@ -17,7 +17,7 @@ the supervisor carries on from them anyway.
 from __future__ import annotations
 
 import base64
-import json
+import codecs
 import logging
 import os
 import subprocess
@@ -197,8 +197,13 @@ def op_put_file(args: Mapping[str, Any], reply: Reply) -> Any:
 
 
 def _pump(stream: BinaryIO, fd: int, reply: Reply) -> None:
+    """Forward a payload's output as it comes; a UTF-8 character split between reads stays whole."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     while chunk := stream.read1(READ_CHUNK) if hasattr(stream, "read1") else stream.read(READ_CHUNK):
-        reply.send({"ev": "out", "fd": fd, "data": chunk.decode(errors="replace")})
+        if text := decoder.decode(chunk):
+            reply.send({"ev": "out", "fd": fd, "data": text})
+    if text := decoder.decode(b"", final=True):
+        reply.send({"ev": "out", "fd": fd, "data": text})
 
 
 def _follow(path: Path, reply: Reply, done: threading.Event) -> None:
@@ -299,7 +304,7 @@ def serve(fd: int, stdout: BinaryIO) -> int:
     reply = Reply(stdout)
     line = read_request_line(fd)
     try:
-        op, args = wire.check_request(json.loads(line or b"null"), __version__)
+        op, args = wire.parse_request(line, __version__)
         if op != "run" and op not in OPS:
             raise wire.ProtocolError(f"unknown op {op!r}")
         gone = threading.Event()
@@ -308,8 +313,6 @@ def serve(fd: int, stdout: BinaryIO) -> int:
         reply.send({"ev": "result", "value": value})
         return 0
     except BaseException as exc:  # noqa: BLE001 - every error goes back to the caller
-        if isinstance(exc, ValueError) and not line:
-            exc = wire.ProtocolError("no request line")
         reply.send(wire.error_event(exc, traceback.format_exc()))
         return 1
 

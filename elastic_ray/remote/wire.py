@@ -146,11 +146,21 @@ def request(op: str, args: Mapping[str, Any], version: str) -> bytes:
     return (json.dumps({"schema": SCHEMA, "version": version, "op": op, "args": dict(args)}) + "\n").encode()
 
 
+def parse_request(line: bytes, cluster_version: str) -> tuple[str, dict[str, Any]]:
+    """Pure: (op, args) of a request line, or the error to answer with."""
+    try:
+        req = json.loads(line) if line.strip() else None
+    except ValueError as exc:
+        raise ProtocolError(f"the request line is not JSON: {line[:200]!r}") from exc
+    return check_request(req, cluster_version)
+
+
 def check_request(req: Any, cluster_version: str) -> tuple[str, dict[str, Any]]:
     """Pure: (op, args) of a request line's value, or the error to answer with."""
-    if not isinstance(req, dict) or req.get("schema") != SCHEMA:
-        schema = req.get("schema") if isinstance(req, dict) else None
-        raise RemoteVersionMismatch(f"wire {schema}", f"wire {SCHEMA}")
+    if not isinstance(req, dict):
+        raise ProtocolError("a request must be one JSON object on the first line")
+    if req.get("schema") != SCHEMA:
+        raise RemoteVersionMismatch(f"wire {req.get('schema')}", f"wire {SCHEMA}")
     if req.get("version") != cluster_version:
         raise RemoteVersionMismatch(str(req.get("version")), cluster_version)
     op, args = req.get("op"), req.get("args")
