@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from elastic_ray import SlurmRunAllocationConfig, SlurmStepDrained, SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.drivers import PayloadFailed
 from elastic_ray.coordinator.handles import Head, WorkerAllocation
@@ -73,6 +73,8 @@ def remote(sshd, tmp_path):
 def test_a_session_over_ssh_works_like_a_local_one(remote, tmp_path):
     s = remote()
     assert alive(s.supervisor_pid), "the cluster-side supervisor runs from create on"
+    with pytest.raises(TimeoutError):   # the cluster side's timeout, as the same type
+        s.wait_for_head(timeout=0.01)
     progress: list[str] = []
     address = s.wait_for_head(timeout=120, progress=progress.append)
     worker = s.add_worker_allocation(WORKER)
@@ -123,3 +125,20 @@ def test_a_killed_client_stops_its_payload_and_the_session_goes_on(remote):
     print(f"\nclient killed -> driver stopped on the cluster side in {time.monotonic() - t0:.1f}s")
     assert alive(s.supervisor_pid), "the session's supervisor does not depend on any client"
     assert s.head is not None
+
+
+def test_a_head_drained_over_ssh_raises_step_drained_and_hands_over(remote):
+    s = remote()
+    s.wait_for_head(timeout=120)
+    worker = s.add_worker_allocation(WORKER)
+    s.wait_for_worker_allocation(worker, timeout=120)
+    head = s.head
+    out = io.StringIO()
+    run = s.run([REMOTE_PYTHON, "-c", "import time; print('started', flush=True); time.sleep(120)"], stdout=out)
+    wait_until(lambda: "started" in out.getvalue(), timeout=60, message="payload output")
+    assert head.request_drain(drain_timeout=60) >= 1   # the Head handle drains over SSH
+    with pytest.raises(SlurmStepDrained) as drained:
+        run.wait(timeout=120)
+    assert drained.value.job_id == head.job_id and drained.value.allocation_state == "DRAINING"
+    new = s.replace_head(timeout=120)
+    assert new.job_id == worker.job_id, "the running worker allocation took over"

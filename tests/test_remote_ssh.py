@@ -118,6 +118,20 @@ def test_cluster_side_errors_come_back_as_their_own_types(conn, tmp_path):
         RemoteSession.open("relative/dir", ssh=conn, remote_python=REMOTE_PYTHON)
 
 
+def test_a_config_error_of_the_cluster_side_names_its_field(conn, tmp_path):
+    from elastic_ray import SlurmRunAllocationConfig
+    from elastic_ray.config.launcher import RayLauncher
+
+    with pytest.raises(ConfigError) as caught:
+        RemoteSession.create(str(tmp_path / "s"), ssh=conn, remote_python=REMOTE_PYTHON, scheduler="local",
+                             head=SlurmRunAllocationConfig(partition="cpu", time_limit="10"),
+                             launcher=RayLauncher(port_strategy="fixed"), ray_head_only=False)
+    assert caught.value.field == "launcher.port_strategy" and caught.value.value == "fixed"
+    assert not (tmp_path / "s").exists(), "a refused create changes nothing"
+    with pytest.raises(ConfigError, match="head"):   # checked on this side, before any SSH traffic
+        RemoteSession.create(str(tmp_path / "s"), ssh=conn, head={"partition": "cpu"})
+
+
 def test_put_file_writes_atomically_with_its_mode(conn, tmp_path):
     target = tmp_path / "up" / "payload.py"
     written = RemoteCall(conn, REMOTE_PYTHON, "put_file",
