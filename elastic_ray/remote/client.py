@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 SERVER = ["-m", "elastic_ray.remote.server"]
 STDERR_LINES = 200  # the end of ssh's and the cluster side's stderr kept for an error message
+EXIT_GRACE = 10.0  # s for ssh to exit once the call answered
 CALL_MARGIN = 60.0  # s a call may take beyond the timeout it passes to the cluster side
 
 
@@ -82,6 +83,7 @@ class RemoteCall:
                     log.debug("remote noise: %r", line[:200])
                 elif event["ev"] in ("result", "error"):
                     self.outcome = event
+                    break   # the answer is in; nothing after it matters
                 elif self.on_event is not None:
                     self.on_event(event)
         except wire.ProtocolError as exc:
@@ -104,7 +106,13 @@ class RemoteCall:
             raise TimeoutError(f"{self.op} over ssh to {self.conn.target.host}: no answer in {timeout:g} s; "
                                f"stopped it")
         self.cancel()
-        rc = self.proc.wait()
+        try:
+            rc = self.proc.wait(EXIT_GRACE)
+        except subprocess.TimeoutExpired:
+            # Answered, but the channel stays open (something on the cluster
+            # side kept its stdout): our own ssh client is not needed any more.
+            self.proc.terminate()
+            rc = self.proc.wait()
         if self.outcome is None:
             raise self._failure(rc)
         if self.outcome["ev"] == "error":
