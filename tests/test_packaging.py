@@ -84,6 +84,14 @@ def test_the_wheel_ships_py_typed_the_license_and_the_templates(wheel):
     assert not [n for n in names if n.startswith(("tests/", "integration/", "bench/"))]
 
 
+def test_the_wheel_ships_every_module_of_the_source_tree(wheel):
+    """The package list in pyproject.toml is kept by hand: a new room must not be left out."""
+    names = set(wheel.namelist())
+    source = {p.relative_to(ROOT).as_posix() for p in (ROOT / "elastic_ray").rglob("*.py")
+              if "__pycache__" not in p.parts}
+    assert source and not sorted(source - names), f"missing from the wheel: {sorted(source - names)}"
+
+
 def test_the_wheel_bounds_ray_from_above(wheel):
     """Private Ray APIs are used: an untested newer Ray must not be picked up."""
     ray = [r for r in _metadata(wheel).get_all("Requires-Dist") if re.match(r"ray\b", r)]
