@@ -39,7 +39,7 @@ from elastic_ray.dagster import RayLauncher as DagsterRayLauncher
 from elastic_ray.dagster import SlurmRunAllocationConfig as DagsterRunAllocation
 from elastic_ray.protocol.records import AgentState
 from elastic_ray.remote import RemoteSession
-from elastic_ray.remote.supervisor import running_pid
+from elastic_ray.coordinator.detached import running_pid
 from integration.slurm_helpers import end_session
 from tests.helpers import committed_units, wait_until
 from tests.remote_helpers import REMOTE_PYTHON, target_of

@@ -22,7 +22,7 @@ from elastic_ray.dagster import (
     SSHConnectionResource,
 )
 from elastic_ray.remote import RemoteSession
-from elastic_ray.remote.supervisor import running_pid
+from elastic_ray.coordinator.detached import running_pid
 from tests.helpers import wait_until
 from tests.remote_helpers import REMOTE_PYTHON, target_of
 

@@ -20,7 +20,7 @@ from elastic_ray.coordinator.drivers import PayloadFailed
 from elastic_ray.coordinator.handles import Head, WorkerAllocation
 from elastic_ray.coordinator.session import Session
 from elastic_ray.remote import RemoteSession
-from elastic_ray.remote.supervisor import running_pid
+from elastic_ray.coordinator.detached import running_pid
 from tests.helpers import committed_units, wait_until
 from tests.remote_helpers import REMOTE_PYTHON, target_of
 

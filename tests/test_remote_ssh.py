@@ -6,6 +6,7 @@ Every call goes through the system ``ssh`` client to the test ``sshd`` on
 
 from __future__ import annotations
 
+import os
 import subprocess
 import textwrap
 
@@ -135,10 +136,36 @@ def test_a_config_error_of_the_cluster_side_names_its_field(conn, tmp_path):
 def test_put_file_writes_atomically_with_its_mode(conn, tmp_path):
     target = tmp_path / "up" / "payload.py"
     written = RemoteCall(conn, REMOTE_PYTHON, "put_file",
-                         {"path": str(target), "data": "cHJpbnQoMSkK", "mode": 0o640}).result(60)
+                         {"target": str(target), "data": "cHJpbnQoMSkK", "mode": 0o640}).result(60)
     assert written == str(target) and target.read_text() == "print(1)\n"
     assert target.stat().st_mode & 0o777 == 0o640
     assert not [p for p in target.parent.iterdir() if p != target]
+
+
+def test_a_silent_client_is_taken_for_gone(tmp_path):
+    """No keep-alive byte for CLIENT_SILENCE s (a dropped network) ends the
+    call on the cluster side, as a closed connection does."""
+    from elastic_ray.remote import wire
+
+    script = tmp_path / "silence.py"
+    script.write_text(textwrap.dedent(f"""\
+        import threading, time
+        from elastic_ray.remote import server, wire
+        gone = threading.Event()
+        t0 = time.monotonic()
+        server._watch_stdin(0, gone, "run", None, silence=1.0)
+        print(f"gone after {{time.monotonic() - t0:.1f}}s", gone.is_set())
+        """))
+    # stdin stays open but silent: a pipe nobody writes to
+    r, w = os.pipe()
+    try:
+        done = subprocess.run([REMOTE_PYTHON, str(script)], stdin=r, capture_output=True, text=True, timeout=30)
+    finally:
+        os.close(w)
+        os.close(r)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("gone after 1.") and done.stdout.strip().endswith("True")
+    assert wire.CLIENT_SILENCE >= 3 * wire.KEEPALIVE, "the client's keep-alives come well inside the silence"
 
 
 def test_an_unknown_op_is_a_protocol_error(conn):

@@ -28,7 +28,7 @@ from ..protocol.records import AllocationRecord, SessionInfo, SubmissionIntent
 from ..protocol import allocation_repair
 from ..protocol.session_dir import SessionDir
 from ..scheduler.base import JobInfo, JobSpec, Scheduler, current_user
-from . import ownership
+from . import detached, ownership
 from .answers import SchedulerAnswer, SharedAnswers, sharing_enabled
 
 log = logging.getLogger("elastic_ray.coordinator")
@@ -222,6 +222,9 @@ class SessionJobs:
         """
         errors: list[str] = []
         rec: AllocationRecord | None = None
+        # A detached supervisor (SSH mode) still watching would take the
+        # cancelled head for a lost one and submit a new one: stop it first.
+        detached.stop_supervisor(self.dir.path)
         try:
             # Marked removed before the cancel: a process polling between the
             # cancel and this update would take the CANCELLED workers for

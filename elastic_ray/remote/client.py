@@ -28,6 +28,7 @@ from typing import IO, Any
 from .. import __version__
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
+from ..coordinator.detached import ABANDON_AFTER
 from ..coordinator.drivers import RunResult
 from ..coordinator.handles import Head, WorkerAllocation
 from ..errors import ConfigError
@@ -68,6 +69,17 @@ class RemoteCall:
             pass  # ssh already ended; read() says why
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        threading.Thread(target=self._keep_alive, daemon=True).start()
+
+    def _keep_alive(self) -> None:
+        """A byte every ``wire.KEEPALIVE`` s: the cluster side's proof that this client is still there."""
+        while not self.done.wait(wire.KEEPALIVE):
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(b"\n")
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                return   # closed: the call ended or was cancelled
 
     def _drain_stderr(self) -> None:
         assert self.proc.stderr is not None
@@ -116,14 +128,18 @@ class RemoteCall:
         if self.outcome is None:
             raise self._failure(rc)
         if self.outcome["ev"] == "error":
-            raise wire.rebuild_error(self.outcome)
+            exc = wire.rebuild_error(self.outcome)
+            if isinstance(exc, wire.RemoteVersionMismatch) and not exc.remote_python:
+                exc = wire.RemoteVersionMismatch(exc.client_version, exc.cluster_version,
+                                                 f"{self.remote_python} on {self.conn.target.host}")
+            raise exc
         return self.outcome.get("value")
 
     def _failure(self, rc: int) -> Exception:
         stderr = b"".join(self._stderr).decode(errors="replace").strip()
         if rc == SSH_FAILED:
             return SshError(self.conn.target, self.command, rc, stderr)
-        if "No module named" in stderr or rc == 127 or "not found" in stderr.lower():
+        if rc == 127 or "No module named" in stderr:   # no such interpreter; no elastic-ray in it
             return wire.RemoteSetupError(
                 f"the cluster side could not start {' '.join(self.command)!r} on {self.conn.target.host} "
                 f"(exit {rc}): {stderr.splitlines()[-1] if stderr else 'no message'}; install elastic-ray "
@@ -174,6 +190,7 @@ class RemoteSession:
     """A run on a Slurm cluster, driven from outside it over SSH."""
 
     def __init__(self, conn: SshConnection, path: str, remote_python: str, described: Mapping[str, Any]):
+        """Made by :meth:`create`, :meth:`open` or :meth:`open_or_create`, not directly."""
         self.conn, self.remote_python = conn, remote_python
         self._path = path
         self.info = SessionInfo.from_dict(described["info"])
@@ -198,26 +215,33 @@ class RemoteSession:
 
     @classmethod
     def create(cls, path: str | Path, *, ssh: SshTarget | SshConnection, head: SlurmRunAllocationConfig,
-               remote_python: str = "python3", scheduler: str | None = None, launcher: RayLauncher | None = None,
+               remote_python: str = "python3", scheduler: str = "slurm", launcher: RayLauncher | None = None,
                ray_head_only: bool = True, worker_allocation: SlurmWorkerAllocationConfig | None = None,
-               job_name: str | None = None, supervise_interval: float = 30.0) -> "RemoteSession":
+               job_name: str | None = None, supervise_interval: float = 30.0,
+               abandon_after: float = ABANDON_AFTER) -> "RemoteSession":
         """Create the session on the cluster side and submit its head (as ``Session.create``).
 
-        The configs are checked here first, so a bad field fails before any
-        SSH traffic. The cluster-side supervisor starts with it.
+        ``path`` is a directory on the cluster's shared filesystem;
+        ``remote_python`` the cluster side's interpreter with elastic-ray
+        installed. ``scheduler`` is ``"slurm"`` unless told otherwise (the
+        SSH mode reaches a cluster by definition). The configs are checked
+        here first, so a bad field fails before any SSH traffic. The
+        session's detached supervisor starts with it and watches the head
+        every ``supervise_interval`` s; it stops supervising once no client
+        has called for ``abandon_after`` s (default a day).
         """
         conn, remote = cls._connection(ssh), cls._remote_path(path)
         args = cls._create_args(remote, head, scheduler=scheduler, launcher=launcher, ray_head_only=ray_head_only,
                                 worker_allocation=worker_allocation, job_name=job_name,
-                                supervise_interval=supervise_interval)
+                                supervise_interval=supervise_interval, abandon_after=abandon_after)
         described = RemoteCall(conn, remote_python, "create", args).result()
         return cls(conn, remote, remote_python, described)
 
     @staticmethod
-    def _create_args(remote: str, head: SlurmRunAllocationConfig, *, scheduler: str | None = None,
+    def _create_args(remote: str, head: SlurmRunAllocationConfig, *, scheduler: str = "slurm",
                      launcher: RayLauncher | None = None, ray_head_only: bool = True,
                      worker_allocation: SlurmWorkerAllocationConfig | None = None, job_name: str | None = None,
-                     supervise_interval: float = 30.0) -> dict[str, Any]:
+                     supervise_interval: float = 30.0, abandon_after: float = ABANDON_AFTER) -> dict[str, Any]:
         """Pure: the arguments of a create, checked here before any SSH traffic."""
         if not isinstance(head, SlurmRunAllocationConfig):
             raise ConfigError("head", head, "must be a SlurmRunAllocationConfig")
@@ -225,10 +249,13 @@ class RemoteSession:
             raise ConfigError("worker_allocation", worker_allocation, "must be a SlurmWorkerAllocationConfig")
         if launcher is not None and not isinstance(launcher, RayLauncher):
             raise ConfigError("launcher", launcher, "must be a RayLauncher")
+        for name, value in (("supervise_interval", supervise_interval), ("abandon_after", abandon_after)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(name, value, "must be a number of seconds above 0")
         return {"path": remote, "head": head.to_dict(), "scheduler": scheduler,
                 "launcher": None if launcher is None else launcher.to_dict(), "ray_head_only": ray_head_only,
                 "worker_allocation": None if worker_allocation is None else worker_allocation.to_dict(),
-                "job_name": job_name, "supervise_interval": supervise_interval}
+                "job_name": job_name, "supervise_interval": supervise_interval, "abandon_after": abandon_after}
 
     @classmethod
     def open_or_create(cls, path: str | Path, *, ssh: SshTarget | SshConnection, head: SlurmRunAllocationConfig,
@@ -243,11 +270,12 @@ class RemoteSession:
 
     @classmethod
     def open(cls, path: str | Path, *, ssh: SshTarget | SshConnection, remote_python: str = "python3",
-             supervise_interval: float = 30.0) -> "RemoteSession":
-        """Open an existing session (a reconnecting client); restarts its supervisor if it is gone."""
+             supervise_interval: float = 30.0, abandon_after: float = ABANDON_AFTER) -> "RemoteSession":
+        """Open an existing session (a reconnecting client): it sees the
+        current state, and restarts the detached supervisor if that is gone."""
         conn, remote = cls._connection(ssh), cls._remote_path(path)
-        described = RemoteCall(conn, remote_python, "open",
-                               {"path": remote, "supervise_interval": supervise_interval}).result()
+        described = RemoteCall(conn, remote_python, "open", {"path": remote, "supervise_interval": supervise_interval,
+                                                             "abandon_after": abandon_after}).result()
         return cls(conn, remote, remote_python, described)
 
     def _call(self, op: str, progress: Callable[[str], None] | None = None, **args: Any) -> Any:
@@ -278,17 +306,21 @@ class RemoteSession:
 
     @property
     def job_name(self) -> str:
+        """The Slurm job name of every job of the session."""
         return self.info.job_name
 
     def record(self) -> AllocationRecord:
+        """The session's shared record (allocation.json), read on the cluster side."""
         return AllocationRecord.from_dict(self._call("record"))
 
     @property
     def head(self) -> Head | None:
+        """The current head if it is healthy, else None."""
         value = self._call("head")
         return None if value is None else Head(value["job_id"], value["address"], self)
 
     def head_config(self) -> SlurmRunAllocationConfig:
+        """The head allocation's config as the session recorded it."""
         return SlurmRunAllocationConfig.from_dict(self.info.head)
 
     @property
@@ -302,9 +334,11 @@ class RemoteSession:
 
     # ------------------------------------------------------------ changes
     def wait_for_head(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> str:
+        """Wait until the head published its endpoint; returns its address. ``progress`` gets the waits' news."""
         return self._call("wait_for_head", progress, timeout=timeout)
 
     def add_worker_allocation(self, config: SlurmWorkerAllocationConfig | None = None) -> WorkerAllocation:
+        """Submit a worker allocation (unset fields inherit the first one's); returns on submission."""
         if config is not None and not isinstance(config, SlurmWorkerAllocationConfig):
             raise ConfigError("config", config, "must be a SlurmWorkerAllocationConfig")
         job = self._call("add_worker", config=None if config is None else config.to_dict())
@@ -312,13 +346,16 @@ class RemoteSession:
 
     def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0,
                                    progress: Callable[[str], None] | None = None) -> dict[str, str]:
+        """Wait until every node of the allocation joined; returns {node: Ray node id}."""
         return self._call("wait_worker", progress, timeout=timeout, job_id=_job(handle))
 
     def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
                                  wait: bool = True, progress: Callable[[str], None] | None = None) -> str:
+        """Drain a running allocation (cancel a pending one); returns its final Slurm state."""
         return self._call("remove_worker", progress, job_id=_job(handle), drain_timeout=drain_timeout, wait=wait)
 
     def drain_job(self, job_id: str, drain_timeout: float, reason: str) -> int:
+        """Ask every node of a job to drain (what ``request_drain`` of a handle calls); returns how many agents took it."""
         return self._call("drain_job", job_id=job_id, drain_timeout=drain_timeout, reason=reason)
 
     def ready_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
@@ -356,7 +393,7 @@ class RemoteSession:
         """Write ``data`` to ``remote_path`` on the cluster side (atomically); returns the path."""
         import base64
 
-        return self._call("put_file", path=self._remote_path(remote_path),
+        return self._call("put_file", target=self._remote_path(remote_path),
                           data=base64.b64encode(data).decode(), mode=mode)
 
     def teardown(self, extra: Sequence[str] | None = None) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 Reads one request line (:mod:`.wire`), runs it against the session
 directory with an ordinary :class:`Session` (no supervision of its own: the
-session's detached supervisor, :mod:`.supervisor`, watches the head), and
+session's detached supervisor, :mod:`..coordinator.detached`, watches the head), and
 writes the events back. It lives only as long as the call: every call opens
 the session afresh, so a reconnecting client always sees the current state
 and nothing lives in this process that a dropped connection could lose.
@@ -20,9 +20,11 @@ import base64
 import codecs
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -30,11 +32,12 @@ from typing import Any, BinaryIO
 
 from .. import __version__
 from . import wire
-from .supervisor import ensure_supervisor, stop_supervisor
+from ..coordinator import detached
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 65536
+TOUCH_INTERVAL = 60.0  # s between notes that a long call's client is still there
 
 
 class Reply:
@@ -79,7 +82,8 @@ def _head(head) -> dict[str, str] | None:
 
 def _describe(session, args: Mapping[str, Any]) -> dict[str, Any]:
     """What a client learns on create/open; the session's supervisor runs from here on."""
-    pid = ensure_supervisor(session.path, float(args.get("supervise_interval", 30.0)))
+    pid = detached.ensure_supervisor(session.path, float(args.get("supervise_interval", 30.0)),
+                                     float(args.get("abandon_after", detached.ABANDON_AFTER)))
     return {"path": str(session.path), "job_name": session.job_name, "info": session.info.to_dict(),
             "supervisor_pid": pid}
 
@@ -182,18 +186,17 @@ def op_head_is_lost(args: Mapping[str, Any], reply: Reply) -> Any:
 
 
 def op_teardown(args: Mapping[str, Any], reply: Reply) -> Any:
-    session = _session(args)
-    stop_supervisor(session.path)
-    return list(session.teardown(list(args.get("extra") or [])))
+    # The teardown stops the detached supervisor first (SessionJobs.teardown).
+    return list(_session(args).teardown(list(args.get("extra") or [])))
 
 
 def op_put_file(args: Mapping[str, Any], reply: Reply) -> Any:
     from ..atomic import atomic_write_bytes
 
-    path = _path(args)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    atomic_write_bytes(path, base64.b64decode(args["data"]), mode=int(args.get("mode", 0o600)))
-    return str(path)
+    target = _path({"path": args.get("target")})
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    atomic_write_bytes(target, base64.b64decode(args["data"]), mode=int(args.get("mode", 0o600)))
+    return str(target)
 
 
 def _pump(stream: BinaryIO, fd: int, reply: Reply) -> None:
@@ -277,11 +280,22 @@ ABANDONABLE = frozenset({"hello", "open", "record", "head", "wait_for_head", "wa
                          "ready_head", "head_is_lost"})
 
 
-def _watch_stdin(fd: int, gone: threading.Event, op: str) -> None:
-    """Raw reads (no buffered stdin shared with the main thread): EOF means the client went away."""
+def _watch_stdin(fd: int, gone: threading.Event, op: str, session: Path | None,
+                 silence: float = wire.CLIENT_SILENCE) -> None:
+    """Raw reads (no buffered stdin shared with the main thread). The client
+    writes a keep-alive byte every ``wire.KEEPALIVE`` s: end of file (killed
+    client) or ``silence`` s without a byte (the network went away, which
+    sshd may take hours to notice) means the client is gone. Meanwhile the
+    session's abandonment clock is kept at now (a payload may run for days)."""
+    last_touch = 0.0
     try:
-        while os.read(fd, 4096):
-            pass
+        while True:
+            ready, _, _ = select.select([fd], [], [], silence)
+            if not ready or not os.read(fd, 4096):
+                break
+            if session is not None and time.monotonic() - last_touch > TOUCH_INTERVAL:
+                last_touch = time.monotonic()
+                detached.touch_last_call(session)
     except OSError:
         pass
     gone.set()
@@ -308,7 +322,10 @@ def serve(fd: int, stdout: BinaryIO) -> int:
         if op != "run" and op not in OPS:
             raise wire.ProtocolError(f"unknown op {op!r}")
         gone = threading.Event()
-        threading.Thread(target=_watch_stdin, args=(fd, gone, op), daemon=True).start()
+        session = Path(args["path"]) if isinstance(args.get("path"), str) else None
+        if session is not None:
+            detached.touch_last_call(session)
+        threading.Thread(target=_watch_stdin, args=(fd, gone, op, session), daemon=True).start()
         value = op_run(args, reply, gone) if op == "run" else OPS[op](args, reply)
         reply.send({"ev": "result", "value": value})
         return 0

@@ -30,6 +30,8 @@ from ..errors import ElasticRayError
 
 SCHEMA = "elastic-ray-remote/1"
 MARK = "\x1eER1 "
+KEEPALIVE = 10.0  # s between the client's keep-alive bytes on a call's stdin
+CLIENT_SILENCE = 6 * KEEPALIVE  # s without one before the cluster side takes the client for gone
 
 
 class RemoteError(ElasticRayError):

@@ -1,0 +1,191 @@
+"""A session's detached supervisor: the head watch that outlives its callers.
+
+A client outside the cluster goes away: a laptop closes, a Dagster run
+process is restarted. The head watch must not go with it, so in the SSH mode
+it runs on the cluster side, in one detached process per session on the
+host the client logs in to (``python -m elastic_ray.coordinator.detached
+DIR``): a ``Session.open(DIR, supervise=True)``, the same watch and election
+a local caller gets. The first SSH call that creates or opens the session
+starts it; it outlives every SSH connection (its own process session, no
+terminal, output to ``logs/detached-supervisor.log``).
+
+One per session: it holds ``remote/supervisor.lock`` for its whole life, so
+a second start exits at once. Its PID file says on which host it runs, so
+a caller on another login host never signals a stranger's process.
+
+It ends
+* at a teardown: :func:`stop_supervisor` (called by every teardown, see
+  ``SessionJobs.teardown``) leaves ``remote/stop`` and signals it, and waits,
+  so that it cannot take the cancelled head for a lost one and elect behind
+  the teardown's back;
+* once every job of the session has ended for :data:`IDLE_CHECKS` checks in
+  a row;
+* once no client has called for ``abandon_after`` seconds (``remote/last_call``,
+  touched by every SSH call): an abandoned run is not supervised, and so not
+  resubmitted, forever; its jobs end at their walltime, as they do when a
+  local caller's process ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from ..atomic import atomic_write_text
+from ..polling import wait_for
+
+log = logging.getLogger(__name__)
+
+CHECK_INTERVAL = 5.0  # s between looks at the stop marker
+IDLE_INTERVAL = 60.0  # s between looks at the jobs (the shared scheduler answer, no extra query)
+IDLE_CHECKS = 3
+STOP_WAIT = 60.0  # s a teardown waits for the supervisor to let go
+ABANDON_AFTER = 24 * 3600.0  # s without any client call before supervision ends (default)
+
+
+def remote_dir(session: str | Path) -> Path:
+    return Path(session) / "remote"
+
+
+def touch_last_call(session: str | Path) -> None:
+    """Note that a client called (the abandonment clock starts again)."""
+    d = remote_dir(session)
+    if d.is_dir():
+        atomic_write_text(d / "last_call", f"{time.time():.3f}\n", durable=False)
+
+
+def _last_call(session: Path, default: float) -> float:
+    try:
+        return float((remote_dir(session) / "last_call").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def _pid_file(session: str | Path) -> tuple[int, str] | None:
+    try:
+        pid, host = (remote_dir(session) / "supervisor.pid").read_text().split()[:2]
+        return int(pid), host
+    except (OSError, ValueError):
+        return None
+
+
+def running_pid(session: str | Path) -> int | None:
+    """The supervisor's PID if one holds the lock (-1 while its PID file is
+    not written yet, or when it runs on another host), else None."""
+    d = remote_dir(session)
+    if not d.is_dir():
+        return None
+    lock = FileLock(str(d / "supervisor.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        found = _pid_file(session)
+        return found[0] if found is not None and found[1] == socket.gethostname() else -1
+    lock.release()
+    return None
+
+
+def ensure_supervisor(session: str | Path, interval: float = 30.0, abandon_after: float = ABANDON_AFTER) -> int:
+    """Start the session's supervisor unless one runs; returns its PID (-1: runs elsewhere)."""
+    session = Path(session)
+    remote_dir(session).mkdir(mode=0o700, exist_ok=True)
+    touch_last_call(session)
+    pid = running_pid(session)
+    if pid is not None:
+        return pid
+    (remote_dir(session) / "stop").unlink(missing_ok=True)
+    logs = session / "logs"
+    logs.mkdir(mode=0o700, exist_ok=True)
+    with open(logs / "detached-supervisor.log", "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "elastic_ray.coordinator.detached", str(session),
+                                 str(interval), str(abandon_after)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                                close_fds=True)
+    log.info("event=detached_supervisor_started session=%s pid=%s", session, proc.pid)
+    return proc.pid
+
+
+def stop_supervisor(session: str | Path, wait: float = STOP_WAIT) -> int | None:
+    """Leave the stop marker, signal the supervisor (on this host only) and
+    wait up to ``wait`` s for it to let go of the session; returns its PID.
+    Nothing to do (and no file written) for a session that never had one."""
+    if not remote_dir(session).is_dir():
+        return None
+    atomic_write_text(remote_dir(session) / "stop", f"{time.time()}\n")
+    pid = running_pid(session)
+    if pid is not None and pid > 0:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    if pid is not None:   # elsewhere (-1) it sees the marker within CHECK_INTERVAL
+        gone = wait_for(lambda: running_pid(session) is None, timeout=wait, interval=0.2, raising=False)
+        if not gone:
+            log.warning("event=detached_supervisor_slow_to_stop session=%s pid=%s", session, pid)
+    return pid
+
+
+def _all_ended(session) -> bool:
+    rec = session.record()
+    jobs = session.query(max_age=IDLE_INTERVAL)
+    ids = rec.recorded_jobs
+    return bool(ids) and all(jobs.get(j) is None or jobs[j].state.is_final for j in ids)
+
+
+def serve(path: Path, interval: float, abandon_after: float = ABANDON_AFTER) -> int:
+    from .session import Session
+
+    lock = FileLock(str(remote_dir(path) / "supervisor.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return 0  # another supervisor has this session
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    atomic_write_text(remote_dir(path) / "supervisor.pid", f"{os.getpid()} {socket.gethostname()}\n")
+    session = Session.open(path, supervise=True, supervise_interval=interval)
+    log.info("event=detached_supervisor_up session=%s pid=%s", session.job_name, os.getpid())
+    idle, next_idle_check, why = 0, time.monotonic() + IDLE_INTERVAL, "stopped"
+    try:
+        while not stop.wait(CHECK_INTERVAL):
+            if (remote_dir(path) / "stop").exists():
+                break
+            if time.monotonic() < next_idle_check:
+                continue
+            next_idle_check = time.monotonic() + IDLE_INTERVAL
+            if time.time() - _last_call(path, time.time()) > abandon_after:
+                why = "abandoned"
+                break
+            try:
+                idle = idle + 1 if _all_ended(session) else 0
+            except Exception as exc:  # noqa: BLE001 - a look only; the watch goes on
+                log.warning("event=detached_supervisor_look_failed session=%s error=%s", session.job_name, exc)
+            if idle >= IDLE_CHECKS:
+                why = "all_jobs_ended"
+                break
+    finally:
+        session.close()
+        (remote_dir(path) / "supervisor.pid").unlink(missing_ok=True)
+        lock.release()
+        log.info("event=detached_supervisor_down session=%s why=%s", session.job_name, why)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return serve(Path(argv[0]), float(argv[1]) if len(argv) > 1 else 30.0,
+                 float(argv[2]) if len(argv) > 2 else ABANDON_AFTER)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
