@@ -148,13 +148,13 @@ def test_a_silent_client_is_taken_for_gone(tmp_path):
     from elastic_ray.remote import wire
 
     script = tmp_path / "silence.py"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(textwrap.dedent("""\
         import threading, time
         from elastic_ray.remote import server, wire
         gone = threading.Event()
         t0 = time.monotonic()
         server._watch_stdin(0, gone, "run", None, silence=1.0)
-        print(f"gone after {{time.monotonic() - t0:.1f}}s", gone.is_set())
+        print(f"gone after {time.monotonic() - t0:.1f}s", gone.is_set())
         """))
     # stdin stays open but silent: a pipe nobody writes to
     r, w = os.pipe()
