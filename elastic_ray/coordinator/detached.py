@@ -134,6 +134,18 @@ def stop_supervisor(session: str | Path, wait: float = STOP_WAIT) -> int | None:
     return pid
 
 
+def why_end(now: float, last_call: float, abandon_after: float, idle_checks: int) -> str | None:
+    """Pure: why supervision ends at this look, or None to go on.
+
+    ``idle_checks`` is how many looks in a row saw every job ended.
+    """
+    if now - last_call > abandon_after:
+        return "abandoned"
+    if idle_checks >= IDLE_CHECKS:
+        return "all_jobs_ended"
+    return None
+
+
 def _all_ended(session) -> bool:
     rec = session.record()
     jobs = session.query(max_age=IDLE_INTERVAL)
@@ -155,29 +167,25 @@ def serve(path: Path, interval: float, abandon_after: float = ABANDON_AFTER) -> 
     atomic_write_text(remote_dir(path) / "supervisor.pid", f"{os.getpid()} {socket.gethostname()}\n")
     session = Session.open(path, supervise=True, supervise_interval=interval)
     log.info("event=detached_supervisor_up session=%s pid=%s", session.job_name, os.getpid())
-    idle, next_idle_check, why = 0, time.monotonic() + IDLE_INTERVAL, "stopped"
+    idle_interval = float(os.environ.get("ELASTIC_RAY_DETACHED_IDLE_INTERVAL") or IDLE_INTERVAL)
+    started, idle, next_idle_check, why = time.time(), 0, time.monotonic() + idle_interval, None
     try:
-        while not stop.wait(CHECK_INTERVAL):
+        while why is None and not stop.wait(min(CHECK_INTERVAL, idle_interval)):
             if (remote_dir(path) / "stop").exists():
                 break
             if time.monotonic() < next_idle_check:
                 continue
-            next_idle_check = time.monotonic() + IDLE_INTERVAL
-            if time.time() - _last_call(path, time.time()) > abandon_after:
-                why = "abandoned"
-                break
+            next_idle_check = time.monotonic() + idle_interval
             try:
                 idle = idle + 1 if _all_ended(session) else 0
             except Exception as exc:  # noqa: BLE001 - a look only; the watch goes on
                 log.warning("event=detached_supervisor_look_failed session=%s error=%s", session.job_name, exc)
-            if idle >= IDLE_CHECKS:
-                why = "all_jobs_ended"
-                break
+            why = why_end(time.time(), _last_call(path, started), abandon_after, idle)
     finally:
         session.close()
         (remote_dir(path) / "supervisor.pid").unlink(missing_ok=True)
         lock.release()
-        log.info("event=detached_supervisor_down session=%s why=%s", session.job_name, why)
+        log.info("event=detached_supervisor_down session=%s why=%s", session.job_name, why or "stopped")
     return 0
 
 
