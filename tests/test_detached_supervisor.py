@@ -78,7 +78,8 @@ def test_one_per_session_and_the_cli_teardown_stops_it_before_cancelling(session
     done = subprocess.run([sys.executable, "-m", "elastic_ray.cli", "session", "teardown", str(session.path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert not alive(pid), "the teardown waited for the supervisor to let go"
+    assert detached.running_pid(session.path) is None, "the teardown waited for the supervisor to let go"
+    wait_until(lambda: not alive(pid), timeout=15, message="the supervisor process exited")
     wait_until(lambda: all(i.state.is_final for i in session.query().values()), timeout=60, message="jobs ended")
     time.sleep(3)
     rec = session.record()
@@ -96,8 +97,9 @@ def test_a_supervisor_on_another_host_is_asked_by_marker_not_signalled(session):
     assert detached.running_pid(session.path) == -1
     t0 = time.monotonic()
     assert detached.stop_supervisor(session.path, wait=30) == -1
-    assert not alive(pid), "it saw the stop marker and ended by itself"
+    assert detached.running_pid(session.path) is None, "it saw the stop marker and let go by itself"
     assert time.monotonic() - t0 <= detached.CHECK_INTERVAL + 5
+    wait_until(lambda: not alive(pid), timeout=15, message="the supervisor process exited")
 
 
 @pytest.mark.ray
