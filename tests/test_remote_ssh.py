@@ -61,6 +61,8 @@ def test_calls_share_one_master_connection_and_close_ends_it(sshd, conn):
     check = subprocess.run([*conn._base(), "-O", "check", conn.target.host], capture_output=True, text=True)
     assert check.returncode != 0
     assert not conn.control_dir.exists()
+    assert call(conn, "hello")["version"], "a closed connection opens again on the next call"
+    assert conn.control_dir.stat().st_mode & 0o777 == 0o700
 
 
 def test_a_refused_key_is_an_ssh_error_naming_host_user_command_and_ssh_s_words(sshd, tmp_path):

@@ -397,8 +397,13 @@ class RemoteSession:
                           data=base64.b64encode(data).decode(), mode=mode)
 
     def teardown(self, extra: Sequence[str] | None = None) -> tuple[str, ...]:
-        """Stop the cluster-side supervisor and cancel every job of the session."""
-        return tuple(self._call("teardown", extra=list(extra or ())))
+        """Stop the cluster-side supervisor and cancel every job of the session;
+        returns their ids. Closes the SSH connection after (as ``Session.teardown``
+        ends its supervision); a later call opens it again."""
+        try:
+            return tuple(self._call("teardown", extra=list(extra or ())))
+        finally:
+            self.close()
 
 
 def _job(handle: WorkerAllocation | str) -> str:

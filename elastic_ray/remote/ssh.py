@@ -31,7 +31,7 @@ from ..errors import ElasticRayError
 log = logging.getLogger(__name__)
 
 SSH_FAILED = 255  # ssh's own exit code for a connection or authentication failure
-UNIX_PATH_MAX = 107  # bytes of a Unix socket path (sun_path less its NUL)
+UNIX_PATH_MAX = 103  # bytes of a Unix socket path (sun_path less its NUL: 107 on Linux, 103 on macOS)
 CONTROL_NAME_BYTES = 40 + 17  # %C (a SHA-1 in hex) plus the suffix ssh adds while binding
 
 
@@ -82,12 +82,19 @@ class SshTarget:
             raise ValueError(f"ssh.key_path: {self.key_path!r} is not a file")
 
 
+def _short_temp_dir() -> Path:
+    """A private folder for the control socket, short enough for a socket path
+    (macOS's $TMPDIR alone is about 50 characters: /tmp is preferred)."""
+    base = "/tmp" if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="er-ssh-", dir=base))
+
+
 @dataclass
 class SshConnection:
     """Runs remote commands over one multiplexed connection to ``target``."""
 
     target: SshTarget
-    control_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="er-ssh-")))
+    control_dir: Path = field(default_factory=lambda: _short_temp_dir())
     persist: int = 120
 
     def __post_init__(self) -> None:
@@ -118,6 +125,7 @@ class SshConnection:
 
     def argv(self, remote: Sequence[str]) -> list[str]:
         """The full local argv that runs ``remote`` (quoted for the remote shell)."""
+        self.control_dir.mkdir(mode=0o700, exist_ok=True)   # again after close(): a connection is reusable
         return [*self._base(), "-T", "--", self.target.host, shlex.join(remote)]
 
     def popen(self, remote: Sequence[str], **kwargs) -> subprocess.Popen:
