@@ -3,8 +3,8 @@
 A client outside the cluster goes away: a laptop closes, a Dagster run
 process is restarted. The head watch must not go with it, so in the SSH mode
 it runs on the cluster side, in one detached process per session on the
-host the client logs in to (``python -m elastic_ray.coordinator.detached
-DIR``): a ``Session.open(DIR, supervise=True)``, the same watch and election
+host the client logs in to (``python -m elastic_ray.coordinator.detached_run
+DIR``, the loop is in :mod:`.detached_run`): a ``Session.open(DIR, supervise=True)``, the same watch and election
 a local caller gets. The first SSH call that creates or opens the session
 starts it; it outlives every SSH connection (its own process session, no
 terminal, output to ``logs/detached-supervisor.log``).
@@ -34,7 +34,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -63,7 +62,7 @@ def touch_last_call(session: str | Path) -> None:
         atomic_write_text(d / "last_call", f"{time.time():.3f}\n", durable=False)
 
 
-def _last_call(session: Path, default: float) -> float:
+def last_call_time(session: Path, default: float) -> float:
     try:
         return float((remote_dir(session) / "last_call").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -106,7 +105,7 @@ def ensure_supervisor(session: str | Path, interval: float = 30.0, abandon_after
     logs = session / "logs"
     logs.mkdir(mode=0o700, exist_ok=True)
     with open(logs / "detached-supervisor.log", "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "elastic_ray.coordinator.detached", str(session),
+        proc = subprocess.Popen([sys.executable, "-m", "elastic_ray.coordinator.detached_run", str(session),
                                  str(interval), str(abandon_after)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                                 close_fds=True)
@@ -144,56 +143,3 @@ def why_end(now: float, last_call: float, abandon_after: float, idle_checks: int
     if idle_checks >= IDLE_CHECKS:
         return "all_jobs_ended"
     return None
-
-
-def _all_ended(session) -> bool:
-    rec = session.record()
-    jobs = session.query(max_age=IDLE_INTERVAL)
-    ids = rec.recorded_jobs
-    return bool(ids) and all(jobs.get(j) is None or jobs[j].state.is_final for j in ids)
-
-
-def serve(path: Path, interval: float, abandon_after: float = ABANDON_AFTER) -> int:
-    from .session import Session
-
-    lock = FileLock(str(remote_dir(path) / "supervisor.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        return 0  # another supervisor has this session
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    atomic_write_text(remote_dir(path) / "supervisor.pid", f"{os.getpid()} {socket.gethostname()}\n")
-    session = Session.open(path, supervise=True, supervise_interval=interval)
-    log.info("event=detached_supervisor_up session=%s pid=%s", session.job_name, os.getpid())
-    idle_interval = float(os.environ.get("ELASTIC_RAY_DETACHED_IDLE_INTERVAL") or IDLE_INTERVAL)
-    started, idle, next_idle_check, why = time.time(), 0, time.monotonic() + idle_interval, None
-    try:
-        while why is None and not stop.wait(min(CHECK_INTERVAL, idle_interval)):
-            if (remote_dir(path) / "stop").exists():
-                break
-            if time.monotonic() < next_idle_check:
-                continue
-            next_idle_check = time.monotonic() + idle_interval
-            try:
-                idle = idle + 1 if _all_ended(session) else 0
-            except Exception as exc:  # noqa: BLE001 - a look only; the watch goes on
-                log.warning("event=detached_supervisor_look_failed session=%s error=%s", session.job_name, exc)
-            why = why_end(time.time(), _last_call(path, started), abandon_after, idle)
-    finally:
-        session.close()
-        (remote_dir(path) / "supervisor.pid").unlink(missing_ok=True)
-        lock.release()
-        log.info("event=detached_supervisor_down session=%s why=%s", session.job_name, why or "stopped")
-    return 0
-
-
-def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return serve(Path(argv[0]), float(argv[1]) if len(argv) > 1 else 30.0,
-                 float(argv[2]) if len(argv) > 2 else ABANDON_AFTER)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
