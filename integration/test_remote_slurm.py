@@ -42,7 +42,7 @@ from elastic_ray.remote import RemoteSession
 from elastic_ray.coordinator.detached import running_pid
 from integration.slurm_helpers import end_session
 from tests.helpers import committed_units, wait_until
-from tests.remote_helpers import REMOTE_PYTHON, target_of
+from tests.remote_helpers import REMOTE_PYTHON, process_alive as alive, target_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -51,16 +51,6 @@ HEAD = SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="1G", cpus
 WORKER = SlurmWorkerAllocationConfig(partition="gpu-a", num_nodes=1, cpus_per_task=2, mem="1G", time_limit="20")
 LAUNCHER = RayLauncher(object_store_memory=100_000_000)
 PAYLOAD = "elastic_ray.demo.payload"
-
-
-def alive(pid: int | None) -> bool:
-    if not pid or pid < 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def end_remote_session(path: Path) -> None:

@@ -22,3 +22,14 @@ def target_of(server, **overrides) -> SshTarget:
                        options=(f"UserKnownHostsFile={server.known_hosts}", "StrictHostKeyChecking=yes",
                                 "IdentitiesOnly=yes"))
     return replace(target, **overrides)
+
+
+def process_alive(pid: int | None) -> bool:
+    """Whether ``pid`` runs (a zombie, or no PID at all, counts as gone)."""
+    if not pid or pid < 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

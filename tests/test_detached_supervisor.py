@@ -20,6 +20,7 @@ from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator import detached
 from elastic_ray.coordinator.session import Session
 from tests.helpers import wait_until
+from tests.remote_helpers import process_alive as alive
 
 DAY = 24 * 3600.0
 
@@ -40,14 +41,6 @@ def test_a_session_without_a_detached_supervisor_is_left_alone(tmp_path):
     assert detached.running_pid(tmp_path) is None
     assert detached.stop_supervisor(tmp_path) is None
     assert not (tmp_path / "remote").exists(), "nothing written for a session that never had one"
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture

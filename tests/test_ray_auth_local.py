@@ -56,14 +56,25 @@ def _clean_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def assert_refused(address: str, env: dict[str, str]) -> None:
-    out = subprocess.run([sys.executable, "-c", CONNECT, address], capture_output=True, text=True, timeout=150,
-                         env=env, stdin=subprocess.DEVNULL)
-    text = out.stdout + out.stderr
-    assert out.returncode != 0, f"a client without the token got in: {out.stdout[-500:]}"
-    assert "answer" not in out.stdout
-    # Refused for lack of the token, not because nothing answered.
-    assert re.search(r"auth|token", text, re.IGNORECASE), text[-3000:]
+def assert_refused(address: str, *envs: dict[str, str]) -> None:
+    """Each client environment is refused. The attempts run at once: a
+    refused client waits for its connection to give up, and they do not
+    depend on each other."""
+    procs = [subprocess.Popen([sys.executable, "-c", CONNECT, address], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL) for env in envs]
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=150)
+            text = stdout + stderr
+            assert proc.returncode != 0, f"a client without the token got in: {stdout[-500:]}"
+            assert "answer" not in stdout
+            # Refused for lack of the token, not because nothing answered.
+            assert re.search(r"auth|token", text, re.IGNORECASE), text[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def connect(address: str, env: dict[str, str]) -> dict:
@@ -150,11 +161,11 @@ def test_head_refuses_clients_without_the_token_and_no_secret_is_on_a_command_li
         home.mkdir()
         wrong = home / "wrong_token"
         wrong.write_text("0" * 64)
-        for env in (_clean_env(home),                                          # RAY_AUTH_MODE unset
-                    _clean_env(home, RAY_AUTH_MODE="disabled"),
-                    _clean_env(home, RAY_AUTH_MODE="token"),                   # no token anywhere
-                    _clean_env(home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(wrong))):
-            assert_refused(address, env)
+        assert_refused(address,
+                       _clean_env(home),                                          # RAY_AUTH_MODE unset
+                       _clean_env(home, RAY_AUTH_MODE="disabled"),
+                       _clean_env(home, RAY_AUTH_MODE="token"),                   # no token anywhere
+                       _clean_env(home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(wrong)))
 
         # The same client with the session's settings gets in and runs a task.
         direct = connect(address, _clean_env(home, **session.ray_client_env()))
@@ -191,9 +202,8 @@ def test_hosted_head_refuses_clients_without_the_token(tmp_path, local_env):
                    timeout=90, message="the first allocation's worker did not join its own head")
         home = tmp_path / "home"
         home.mkdir()
-        for env in (_clean_env(home), _clean_env(home, RAY_AUTH_MODE="token"),
-                    _clean_env(home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="f" * 64)):
-            assert_refused(address, env)
+        assert_refused(address, _clean_env(home), _clean_env(home, RAY_AUTH_MODE="token"),
+                       _clean_env(home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="f" * 64))
         seen = run_driver(session, tmp_path, "driver")
         assert seen["answer"] == 42
         # One grant, two Ray nodes: the hosted head's quarter and the worker's rest.

@@ -22,26 +22,12 @@ from elastic_ray.coordinator.session import Session
 from elastic_ray.remote import RemoteSession
 from elastic_ray.coordinator.detached import running_pid
 from tests.helpers import committed_units, wait_until
-from tests.remote_helpers import REMOTE_PYTHON, target_of
+from tests.remote_helpers import REMOTE_PYTHON, process_alive as alive, target_of
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 HEAD = SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G")
 WORKER = SlurmWorkerAllocationConfig(partition="gpu-a", num_nodes=1, cpus_per_task=2, mem="2G", time_limit="30")
-
-
-def alive(pid: int | None) -> bool:
-    if not pid or pid < 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:   # a zombie is gone for our purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture
