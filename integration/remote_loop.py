@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 from elastic_ray import SlurmAllocationEnded
-from elastic_ray.remote import RemoteSession, SshTarget
+from elastic_ray.remote import RemoteSession, SshConnection, SshTarget
 
 
 def say(**event) -> None:
@@ -25,7 +26,12 @@ def say(**event) -> None:
 def main(spec_path: str) -> int:
     spec = json.load(open(spec_path))
     target = SshTarget(**{k: tuple(v) if k == "options" else v for k, v in spec["ssh"].items()})
-    session = RemoteSession.open(spec["path"], ssh=target, remote_python=spec["remote_python"])
+    conn = SshConnection(target, control_dir=Path(spec["control_dir"]))
+    with RemoteSession.open(spec["path"], ssh=conn, remote_python=spec["remote_python"]) as session:
+        return loop(session, spec)
+
+
+def loop(session: RemoteSession, spec: dict) -> int:
     say(step="opened", supervisor_pid=session.supervisor_pid)
     argv = [spec["remote_python"], "-m", "elastic_ray.demo.payload", spec["commits"], str(spec["total"])]
     head = session.replace_head(timeout=300)

@@ -19,9 +19,11 @@ import dataclasses
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -148,8 +150,11 @@ def test_outside_process_killed_and_restarted_mid_run(remote_root, lab_sshd, tmp
     total = 40
     target = dataclasses.asdict(target_of(lab_sshd))
     spec = tmp_path / "spec.json"
+    # The clients' control folder is ours, so that the master connection the
+    # killed client leaves behind (ControlPersist) is ended by the test.
+    control = Path(tempfile.mkdtemp(prefix="er-ssh-t-", dir="/tmp"))
     spec.write_text(json.dumps({"path": str(path), "ssh": target, "remote_python": REMOTE_PYTHON,
-                                "commits": str(commits), "total": total}))
+                                "commits": str(commits), "total": total, "control_dir": str(control)}))
 
     def start_client(log: Path) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, str(REPO / "integration" / "remote_loop.py"), str(spec)],
@@ -189,6 +194,10 @@ def test_outside_process_killed_and_restarted_mid_run(remote_root, lab_sshd, tmp
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(30)
+        for socket_path in (control.iterdir() if control.is_dir() else ()):   # the last client closed it
+            subprocess.run(["ssh", "-o", f"ControlPath={socket_path}", "-O", "exit", "unused"],
+                           capture_output=True, timeout=30)
+        shutil.rmtree(control, ignore_errors=True)
     steps = [json.loads(line) for line in (tmp_path / "client-2.log").read_text().splitlines()
              if line.startswith("{")]
     launches = [e["head"] for e in steps if e["step"] == "launch"]

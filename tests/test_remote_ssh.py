@@ -70,7 +70,10 @@ def test_a_refused_key_is_an_ssh_error_naming_host_user_command_and_ssh_s_words(
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     c = SshConnection(target_of(sshd, key_path=str(other)))
     with pytest.raises(SshError) as caught:
-        call(c, "hello")
+        try:
+            call(c, "hello")
+        finally:
+            c.close()
     err = caught.value
     assert err.host == sshd.host and err.user == sshd.user and err.returncode == 255
     assert "Permission denied" in err.stderr and "Permission denied" in str(err)
@@ -87,6 +90,8 @@ def test_a_missing_ssh_client_is_an_ssh_error(sshd, tmp_path):
     c = SshConnection(target_of(sshd, ssh_command="/no/such/ssh"))
     with pytest.raises(SshError, match="/no/such/ssh"):
         call(c, "hello")
+    c.close()
+    assert not c.control_dir.exists()
 
 
 def test_a_cluster_side_without_elastic_ray_is_a_setup_error_naming_the_interpreter(conn):
