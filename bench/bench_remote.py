@@ -80,8 +80,12 @@ def sequence(results: dict[str, list[float]], mode: str, server: SshServer) -> N
     try:
         timed(results, "head", lambda: s.head)
         timed(results, "worker_allocations", lambda: s.worker_allocations)
-        worker = timed(results, "add + wait", lambda: (lambda w: (s.wait_for_worker_allocation(w, timeout=180), w)[1])(
-            s.add_worker_allocation(WORKER)))
+        def add_and_wait():
+            w = s.add_worker_allocation(WORKER)
+            s.wait_for_worker_allocation(w, timeout=180)
+            return w
+
+        worker = timed(results, "add + wait", add_and_wait)
         timed(results, "run", lambda: s.run([REMOTE_PYTHON, "-c", "pass"]).wait(timeout=120))
         timed(results, "replace_head", lambda: s.replace_head(timeout=60))
         timed(results, "remove", lambda: s.remove_worker_allocation(worker, drain_timeout=60))

@@ -97,7 +97,6 @@ def ensure_supervisor(session: str | Path, interval: float = 30.0, abandon_after
     """Start the session's supervisor unless one runs; returns its PID (-1: runs elsewhere)."""
     session = Path(session)
     remote_dir(session).mkdir(mode=0o700, exist_ok=True)
-    touch_last_call(session)
     pid = running_pid(session)
     if pid is not None:
         return pid

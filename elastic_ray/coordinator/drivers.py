@@ -152,9 +152,6 @@ class PayloadRun:
 
     def stop(self) -> None:
         """Stop the driver now (SIGTERM to its process group, SIGKILL after a grace)."""
-        self._stop()
-
-    def _stop(self) -> None:
         if self.proc.poll() is not None:
             return
         try:
@@ -215,7 +212,7 @@ class PayloadRun:
                 log.info("event=driver_signalled session=%s head=%s reason=pre_walltime_signal",
                          self.session.job_name, self.head.job_id)
             if gone is not None:
-                self._stop()
+                self.stop()
                 if self._drained and self._handed_over(gone):
                     raise self._step_drained(rc, gone)
                 raise SlurmAllocationEnded(
@@ -241,6 +238,6 @@ class PayloadRun:
 
         result = wait_for(finished, timeout=timeout, interval=CHECK_INTERVAL, raising=False)
         if result is None:
-            self._stop()
+            self.stop()
             raise TimeoutError(f"driver still running after {timeout:.0f}s; stopped it")
         return result

@@ -52,11 +52,7 @@ class RemoteCall:
         self.conn, self.op, self.remote_python = conn, op, remote_python
         self.command = [remote_python, *SERVER]
         self.on_event = on_event
-        try:
-            self.proc = conn.popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE)
-        except FileNotFoundError as exc:
-            raise SshError(conn.target, self.command, None, f"{conn.target.ssh_command}: {exc.strerror}") from None
+        self.proc = conn.popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._stderr: collections.deque[bytes] = collections.deque(maxlen=STDERR_LINES)
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         self.outcome: dict[str, Any] | None = None

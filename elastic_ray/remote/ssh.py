@@ -129,35 +129,18 @@ class SshConnection:
         return [*self._base(), "-T", "--", self.target.host, shlex.join(remote)]
 
     def popen(self, remote: Sequence[str], **kwargs) -> subprocess.Popen:
-        """Start ``remote``; the caller owns the pipes (stdin/stdout/stderr in ``kwargs``)."""
-        return subprocess.Popen(self.argv(remote), **kwargs)
-
-    def run(self, remote: Sequence[str], *, input: bytes | None = None,
-            timeout: float | None = None) -> subprocess.CompletedProcess:
-        """Run ``remote`` to its end; :class:`SshError` if ssh itself failed."""
+        """Start ``remote``; the caller owns the pipes (stdin/stdout/stderr in ``kwargs``).
+        :class:`SshError` if there is no ssh program to start."""
         try:
-            cp = subprocess.run(self.argv(remote), input=input, capture_output=True, timeout=timeout,
-                                stdin=None if input is not None else subprocess.DEVNULL)
+            return subprocess.Popen(self.argv(remote), **kwargs)
         except FileNotFoundError as exc:
             raise SshError(self.target, remote, None, f"{self.target.ssh_command}: {exc.strerror}") from None
-        except subprocess.TimeoutExpired as exc:
-            raise SshError(self.target, remote, None, f"no answer within {timeout:g} s") from exc
-        if cp.returncode == SSH_FAILED:
-            raise SshError(self.target, remote, cp.returncode, cp.stderr.decode(errors="replace"))
-        return cp
-
-    def check(self) -> None:
-        """Open (or reuse) the master connection; :class:`SshError` says why it failed."""
-        cp = self.run(["true"], timeout=self.target.connect_timeout + 10)
-        if cp.returncode != 0:
-            raise SshError(self.target, ["true"], cp.returncode, cp.stderr.decode(errors="replace"))
 
     def close(self) -> None:
         """End the master connection, if one is up (ssh -O exit), and its socket folder."""
         if not self.control_dir.exists():
             return
-        sockets = [p for p in self.control_dir.iterdir()]
-        if sockets:
+        if any(self.control_dir.iterdir()):
             subprocess.run([*self._base(), "-O", "exit", self.target.host], capture_output=True,
                            stdin=subprocess.DEVNULL, timeout=10)
         for p in self.control_dir.iterdir():
