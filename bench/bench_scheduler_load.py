@@ -50,6 +50,7 @@ from elastic_ray.coordinator import answers  # noqa: E402
 from elastic_ray.coordinator.failover import Failover  # noqa: E402
 from elastic_ray.coordinator.pacing import STATUS_MAX_AGE, watch_max_age  # noqa: E402
 from elastic_ray.coordinator.session import Session  # noqa: E402
+from elastic_ray.polling import wait_for  # noqa: E402
 from elastic_ray.scheduler.local.scheduler import LocalScheduler  # noqa: E402
 
 WAITERS = 10
@@ -214,6 +215,12 @@ def main() -> None:
         finally:
             os.environ.pop(answers.ENV_SWITCH, None)
             session.teardown()
+            # The directory goes when this block ends: an agent still stopping
+            # its Ray then loses the files it reads, and a head's `ray start`
+            # (a session of its own) was left running that way twice. Wait
+            # until the local scheduler has seen every job end.
+            wait_for(lambda: all(i.state.is_final for i in session.query().values()), timeout=120,
+                     interval=0.5, what="every job of the bench's session ended after teardown")
     print(f"scheduler queries per hour (each scenario measured {args.seconds:g} s; the local scheduler "
           f"stands in for Slurm: this counts calls, it is not a timing benchmark)")
     print(f"{'':30} {'idle session':>14} {f'{WAITERS} waits + {DRIVERS} drivers':>22} {'status every 1 s':>18} "

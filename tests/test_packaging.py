@@ -21,7 +21,10 @@ import pytest
 
 import elastic_ray
 
-tomllib = pytest.importorskip("tomllib", reason="Python 3.10 has no tomllib")
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -21,7 +21,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import tomllib
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, packaged (a dependency there)
+    import tomli as tomllib  # type: ignore[no-redef]
 
 from ..errors import ConfigError
 from .allocation import (
