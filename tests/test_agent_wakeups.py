@@ -113,3 +113,61 @@ def test_the_status_file_is_replaced_without_fsync_and_session_files_still_are_s
 def test_a_status_refresh_is_well_inside_the_hung_judgement():
     assert st.REFRESH_SECONDS * 3 <= st.HUNG_AFTER_SECONDS   # three missed refreshes before "hung"
     assert st.STATUS_SLACK < st.REFRESH_SECONDS
+
+
+# ---------------------------------------------------------------- the pointer rides on the beats
+
+def _simulate_head(seconds: float, rides: bool, extra: tuple[float, ...] = ()) -> tuple[int, list[float]]:
+    """The loop's wakeup decisions for an agent beating every 1 s and reading
+    the pointer every 1 s, with a status write every 20 s (slack 2 s) and
+    ``extra`` wakeups (requests) between beats; each wakeup comes 3 ms late.
+    Returns the number of wakeups and the times the pointer was read."""
+    now, next_beat, next_pointer, next_status = 0.0, 0.0, 0.0, 0.0
+    pending = sorted(extra)
+    wakeups_seen, reads = 0, []
+    while now < seconds:
+        deadlines = (wakeups.pointer_deadline(next_pointer, rides) if rides else next_pointer, next_beat, next_status)
+        wake = now + wakeups.sleep_for(now, deadlines)
+        if pending and pending[0] < wake:
+            wake = pending.pop(0)
+        now = wake + 0.003
+        wakeups_seen += 1
+        beating = now >= next_beat
+        if (wakeups.pointer_read_due(now, next_pointer, 1.0, rides, beating) if rides
+                else wakeups.due(now, next_pointer, wakeups.pointer_slack(1.0))):
+            next_pointer = now + 1.0
+            reads.append(now)
+        if beating:
+            next_beat = now + 1.0
+        if wakeups.due(now, next_status, 2.0):
+            next_status = now + 20.0
+    return wakeups_seen, reads
+
+
+def test_a_beating_agent_reads_the_pointer_only_with_its_beats_and_wakes_once_a_second():
+    assert wakeups.pointer_rides_on_beat(True, 1.0, 1.0)
+    assert wakeups.pointer_rides_on_beat(True, 0.5, 1.0)
+    assert not wakeups.pointer_rides_on_beat(True, 2.0, 1.0)   # beats rarer than reads: the pointer keeps its own
+    assert not wakeups.pointer_rides_on_beat(False, 1.0, 1.0)  # a plain worker does not beat
+    # Requests between beats, within the read's slack before the next beat
+    # (or a status write there), no longer pull the pointer out of phase.
+    requests = tuple(k + 0.8 for k in range(5, 120, 7))
+    count, reads = _simulate_head(120.0, rides=True, extra=requests)
+    assert count <= 120 + len(requests) + 8
+    gaps = [b - a for a, b in zip(reads, reads[1:])]
+    assert 110 <= len(reads) <= 121 and max(gaps) < 1.1
+    # Before: one read between beats shifted the pointer's phase, and the
+    # loop then woke twice a second.
+    before, _ = _simulate_head(120.0, rides=False, extra=requests)
+    assert before > count + 60
+
+
+def test_a_pointer_read_asked_for_at_once_still_wakes_the_loop():
+    assert wakeups.pointer_deadline(0.0, True) == 0.0
+    assert wakeups.pointer_deadline(12.0, True) == wakeups.INF
+    assert wakeups.pointer_deadline(12.0, False) == 12.0
+    assert wakeups.pointer_read_due(5.0, 0.0, 1.0, True, beating_now=False)
+    assert not wakeups.pointer_read_due(11.9, 12.0, 1.0, True, beating_now=False)
+    assert wakeups.pointer_read_due(11.9, 12.0, 1.0, True, beating_now=True)
+    assert not wakeups.pointer_read_due(11.5, 12.0, 1.0, True, beating_now=True)   # more than a quarter early
+    assert wakeups.pointer_read_due(11.9, 12.0, 1.0, False, beating_now=False)

@@ -193,7 +193,7 @@ def _fabricated():
     nodes = {
         "20": {"cpu-1": node_state("20", "cpu-1", "JOINED", node_id="h" * 56, updated_at=NOW - 1)},
         "21": {"gpua-1": node_state("21", "gpua-1", "JOINED", node_id="a" * 56, updated_at=NOW - 2),
-               "gpua-2": node_state("21", "gpua-2", "RESTART_BACKOFF", node_id=None, updated_at=NOW - 60)},
+               "gpua-2": node_state("21", "gpua-2", "RESTART_BACKOFF", node_id=None, updated_at=NOW - 90)},
         "22": {"gpub-1": node_state("22", "gpub-1", "DRAINING", node_id="b" * 56, updated_at=NOW - 1)},
         "23": {"cpu-2": node_state("23", "cpu-2", "LEFT", node_id="c" * 56, exited=True, updated_at=NOW - 900)},
     }
@@ -233,7 +233,7 @@ def test_status_model_lists_every_job_with_role_state_nodes_and_drain():
          "agent_state": "JOINED", "agent_exited": False, "agent_stale": False, "agent_updated_age": 2.0,
          "hosted_head": None},
         {"node": "gpua-2", "ray_node_id": None, "node_state": "RESTART_BACKOFF", "node_state_reason": "",
-         "agent_state": "RESTART_BACKOFF", "agent_exited": False, "agent_stale": True, "agent_updated_age": 60.0,
+         "agent_state": "RESTART_BACKOFF", "agent_exited": False, "agent_stale": True, "agent_updated_age": 90.0,
          "hosted_head": None}]
     # A node only the agent knows of (the job is gone from the scheduler) still shows.
     assert rows["23"]["nodes"][0]["node"] == "cpu-2" and rows["23"]["nodes"][0]["agent_exited"]
@@ -252,7 +252,7 @@ def test_status_table_shows_what_the_model_holds():
     assert "session er-test" in text
     assert "head: job 20 at 10.0.0.1:6379, heartbeat live" in text
     for needle in ("head (replaced)", "CANCELLED", "ENDED_UNKNOWN", "PENDING (Resources)", "aaaaaaaaaaaa",
-                   "RESTART_BACKOFF (stale 1m00s)", "LEFT (exited)", "draining, deadline in 50s", "removed",
+                   "RESTART_BACKOFF (stale 1m30s)", "LEFT (exited)", "draining, deadline in 50s", "removed",
                    "1m15s", "1h00m", "unrecorded"):
         assert needle in text, needle
     assert "a" * 13 not in text  # node ids are shortened in the table, whole in JSON

@@ -24,11 +24,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import psutil
-
 from . import gcs
 from .local_ray import LocalRay
 from .machine import RayEnded, RayJoined
+from .proc_watch import ProcWatch
 from .ray_node import RayNode
 
 PROBE_WITHOUT_STARTUP_LINE_AFTER = 20.0
@@ -140,18 +139,10 @@ def port_open(address: str | None, timeout: float = 0.5) -> bool:
         return False
 
 
-def find_proc(pid: int | None) -> psutil.Process | None:
-    if not pid:
-        return None
-    try:
-        return psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return None
+def find_proc(pid: int | None) -> ProcWatch | None:
+    return ProcWatch.find(pid)
 
 
-def proc_alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+def proc_alive(proc: ProcWatch) -> bool:
+    return proc.alive()
 

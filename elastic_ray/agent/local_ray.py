@@ -42,6 +42,7 @@ from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
 from . import gcs, simulation
 from .machine import DrainRay
+from .proc_watch import ProcWatch
 from .private_dirs import LEGACY_TEMP_ROOT, ensure_private_dir, remove_path, sweep_temp_roots, user_temp_root
 from .health_check import head_health_env
 from .ray_args import build_ray_start, choose_ports, slurm_cpus_on_node, worker_gpus
@@ -58,7 +59,7 @@ class RayHandle:
     temp_dir: str
     address: str | None
     ports: dict[str, int] = field(default_factory=dict)
-    raylet: psutil.Process | None = None
+    raylet: ProcWatch | None = None
     reported: bool = False  # its end was already fed to the machine
     started: float = 0.0
     log_path: Path | None = None

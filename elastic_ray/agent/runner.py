@@ -121,7 +121,7 @@ class Agent:
         self._exit_code: int | None = None
         self._next_beat = self._next_pointer = self._next_status = self._next_raylet_check = 0.0
         self._status_soon = threading.Event()
-        self._node_file = NodeFile(self.session, self._log)   # state changes, and a refresh every 10 s
+        self._node_file = NodeFile(self.session, self._log)   # at state changes and every REFRESH_SECONDS
         self.walltime = WalltimeWatch(self.info.scheduler, self.info.job_name, options.job_id,
                                       options.head_drain_lead, self._log, self._post_call)
         self.slurmd = SlurmdWatch.for_agent(self.info, options, self._log, self._post_call, self._feed)
@@ -232,8 +232,10 @@ class Agent:
                 subscribed_socket = self.follower.wake_socket()
                 if subscribed_socket is not None:
                     poller.register(subscribed_socket, zmq.POLLIN)
-            beat_at = self._next_beat if self._beats_due() else wakeups.INF
-            timeout = wakeups.sleep_for(now, (self._next_pointer, beat_at, self._next_status,
+            beats = self._beats_due()
+            rides = wakeups.pointer_rides_on_beat(beats, self.o.heartbeat_interval, self.o.poll_interval)
+            timeout = wakeups.sleep_for(now, (wakeups.pointer_deadline(self._next_pointer, rides),
+                                              self._next_beat if beats else wakeups.INF, self._next_status,
                                               self.follower.silence_at(now)))
             try:
                 ready = dict(poller.poll(timeout=wakeups.poll_ms(timeout)))
@@ -250,7 +252,8 @@ class Agent:
                 self._drain_wake_pipe()
             self._handle_signals(now)
             self._handle_posted_events()
-            if wakeups.due(now, self._next_pointer, wakeups.pointer_slack(self.o.poll_interval)):
+            if wakeups.pointer_read_due(now, self._next_pointer, self.o.poll_interval, rides,
+                                        beating_now=beats and now >= self._next_beat):
                 self._next_pointer = now + self.o.poll_interval
                 self.follower.refresh(now, self.hosted_head.record)
             self._watch_ray(now)

@@ -34,10 +34,12 @@ from .private_dirs import ensure_private_dir, user_runtime_dir
 # every state change); a live PID with a file older than HUNG_AFTER_SECONDS
 # means the agent is stuck: three missed refreshes, not one slow disk. A
 # rewrite may come up to STATUS_SLACK early, on a wakeup the agent has
-# anyway (see agent.wakeups).
-REFRESH_SECONDS = 10.0
+# anyway (see agent.wakeups). 20 s, not 10: the two rewrites (this file and
+# the session's node file) were about a quarter of an idle agent's CPU
+# (py-spy, issue 11), and nothing reads freshness finer than "hung".
+REFRESH_SECONDS = 20.0
 STATUS_SLACK = 2.0
-HUNG_AFTER_SECONDS = 30.0
+HUNG_AFTER_SECONDS = 60.0
 # `status` hides agents that exited longer ago than this (--all shows them).
 RECENT_EXIT_SECONDS = 3600.0
 # Agents delete status files of agents that ended longer ago than this.

@@ -20,9 +20,9 @@ from ..protocol.records import AllocationRecord, HeadEndpoint, NodeState, Sessio
 from ..scheduler.base import JobInfo, JobState
 
 # An agent rewrites its node file in the session directory at every state
-# change and at least every agent.status.REFRESH_SECONDS (10 s) while it runs;
+# change and at least every agent.status.REFRESH_SECONDS (20 s) while it runs;
 # older than this (three refreshes missed, and not exited) it is shown as stale.
-AGENT_STALE_AFTER = 30.0
+AGENT_STALE_AFTER = 60.0
 ACTIVE_STATES = frozenset(s.value for s in JobState if s.is_active)
 
 
