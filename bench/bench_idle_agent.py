@@ -63,6 +63,23 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
+def run_seconds(proc: psutil.Process) -> tuple[float, int]:
+    """CPU time to the nanosecond and the number of times scheduled, summed
+    over the process's threads (``/proc/PID/task/*/schedstat``): an idle
+    agent uses a few milliseconds a second, and ``cpu_times()`` counts in
+    10 ms ticks, so one tick more or less moves a 60 s window by 0.017 %."""
+    ns = runs = 0
+    for task in os.listdir(f"/proc/{proc.pid}/task"):
+        try:
+            with open(f"/proc/{proc.pid}/task/{task}/schedstat") as handle:
+                on_cpu, _waited, scheduled = (int(x) for x in handle.read().split())
+        except (OSError, ValueError):
+            continue   # a thread that ended meanwhile
+        ns += on_cpu
+        runs += scheduled
+    return ns / 1e9, runs
+
+
 def machine_busy_seconds() -> float:
     t = psutil.cpu_times()
     return t.user + t.nice + t.system + t.irq + t.softirq + t.steal
@@ -74,6 +91,7 @@ def measure_windows(procs: dict[str, psutil.Process], windows: int, seconds: flo
     for i in range(windows):
         t0 = time.monotonic()
         before = {k: cpu_seconds(p) for k, p in procs.items()}
+        precise = {k: run_seconds(p) for k, p in procs.items()}
         busy0 = machine_busy_seconds()
         rss_peak = {k: 0 for k in procs}
         end = t0 + seconds
@@ -85,11 +103,16 @@ def measure_windows(procs: dict[str, psutil.Process], windows: int, seconds: flo
         ours = 0.0
         for k, p in procs.items():
             used = cpu_seconds(p) - before[k]
+            ran, scheduled = run_seconds(p)
             ours += used
-            rows[k].append({"cpu": used / wall * 100, "rss": p.memory_info().rss, "rss_peak": rss_peak[k]})
+            rows[k].append({"cpu": used / wall * 100, "cpu_ns": (ran - precise[k][0]) / wall * 100,
+                            "wakeups": (scheduled - precise[k][1]) / wall,
+                            "rss": p.memory_info().rss, "rss_peak": rss_peak[k]})
         others = (machine_busy_seconds() - busy0 - ours) / wall * 100
         machine.append({"others": others, "load1": os.getloadavg()[0]})
-        print(f"  window {i + 1}/{windows}: " + ", ".join(f"{k} {rows[k][-1]['cpu']:.3f} %" for k in procs)
+        print(f"  window {i + 1}/{windows}: " + ", ".join(
+            f"{k} {rows[k][-1]['cpu']:.3f} % (schedstat {rows[k][-1]['cpu_ns']:.3f} %, "
+            f"{rows[k][-1]['wakeups']:.2f} runs/s)" for k in procs)
               + f"; rest of the machine {others:.1f} % of one core, load {machine[-1]['load1']:.2f}", flush=True)
     return rows, machine
 
@@ -186,9 +209,13 @@ def main() -> int:
           f"(agent process only, not Ray):")
     for who, data in rows.items():
         cpus = [r["cpu"] for r in data]
+        exact = [r["cpu_ns"] for r in data]
+        runs = [r["wakeups"] for r in data]
         rss = max(r["rss_peak"] for r in data) / 2**20
         print(f"  {who:12}: CPU median {statistics.median(cpus):.3f} % (range {min(cpus):.3f}-{max(cpus):.3f}) "
               f"of one core; RSS {data[-1]['rss'] / 2**20:.1f} MiB (peak {rss:.1f})")
+        print(f"  {'':12}  schedstat: {statistics.median(exact):.3f} % ({min(exact):.3f}-{max(exact):.3f}), "
+              f"scheduled {statistics.median(runs):.2f}/s ({min(runs):.2f}-{max(runs):.2f}), all threads")
     others = [m["others"] for m in machine]
     loads = [m["load1"] for m in machine]
     print(f"  machine load meanwhile: other processes used {statistics.median(others):.1f} % of one core "
