@@ -116,7 +116,11 @@ def test_head_drain_surfaces_as_step_drained_and_the_asset_relaunches(session_ro
     asset runs the seed's one loop (``except SlurmAllocationEnded``): a
     drain must not need a loop of its own."""
     commits = tmp_path / "commits.txt"
-    total = 16
+    # Long enough that the drain (asked after 4 commits) lands mid-run: the
+    # payload commits about 3 units a second on the two nodes, and stopping
+    # the driver can take a beat or two after the request; with 16 units a
+    # CI run saw the payload finish first (all 16 committed, then the drain).
+    total = 40
     drained: list[dict] = []
     asked: dict = {}
 

@@ -266,11 +266,15 @@ class Agent:
             if self._beats_due() and now >= self._next_beat:
                 self._next_beat = now + self.o.heartbeat_interval
                 self._beat()
-            if wakeups.due(now, self._next_status, STATUS_SLACK) or self._status_soon.is_set():
+            soon = self._status_soon.is_set()
+            if soon or wakeups.due(now, self._next_status, STATUS_SLACK):
                 # Cleared before the status is taken: a request that comes
-                # while it is written is served at the next turn.
+                # while it is written is served at the next turn. A prompt
+                # status is a hosted head's new state (standby ready, dropped,
+                # promoted): a fact the session acts on, so the node file is
+                # written at once too, not at its next refresh.
                 self._status_soon.clear()
-                self._publish_status()
+                self._publish_status(force_session=soon)
 
     def _feed(self, event: Event) -> None:
         if self._exit_code is not None:
