@@ -126,15 +126,14 @@ def _simulate_head(seconds: float, rides: bool, extra: tuple[float, ...] = ()) -
     pending = sorted(extra)
     wakeups_seen, reads = 0, []
     while now < seconds:
-        deadlines = (wakeups.pointer_deadline(next_pointer, rides) if rides else next_pointer, next_beat, next_status)
+        deadlines = (wakeups.pointer_deadline(next_pointer, rides), next_beat, next_status)
         wake = now + wakeups.sleep_for(now, deadlines)
         if pending and pending[0] < wake:
             wake = pending.pop(0)
         now = wake + 0.003
         wakeups_seen += 1
         beating = now >= next_beat
-        if (wakeups.pointer_read_due(now, next_pointer, 1.0, rides, beating) if rides
-                else wakeups.due(now, next_pointer, wakeups.pointer_slack(1.0))):
+        if wakeups.pointer_read_due(now, next_pointer, 1.0, rides, beating):
             next_pointer = now + 1.0
             reads.append(now)
         if beating:

@@ -49,6 +49,7 @@ from .hosted import (
     watched,
 )
 from .local_ray import LocalRay, RayHandle
+from .proc_watch import ProcWatch
 from .publishing import WRITE_RETRY_SECONDS, RetriedWrite
 from .machine import Exit, State
 
@@ -170,7 +171,7 @@ class HostedHead:
                                 cancelled=lambda: not self.local.current(None))
         if up is None:
             return  # the agent is exiting; its shutdown stops the node
-        handle.raylet = join.find_proc(handle.node.raylet_pid())
+        handle.raylet = ProcWatch.find(handle.node.raylet_pid())
         self._handle(HostedStarted(time.time(), handle.address, up and handle.node.poll_exit() is None,
                                    handle.node.pid), handle)
 

@@ -55,7 +55,7 @@ def start_and_join(local: LocalRay, head_address: str | None, generation: int, r
                          cancelled=lambda: not local.current(generation), log=log)
     if joined is None:
         return None
-    handle.raylet = find_proc(handle.node.raylet_pid())
+    handle.raylet = ProcWatch.find(handle.node.raylet_pid())
     if joined.node_id:
         if role == "worker":   # the node a worker agent reports gone after stopping it (agent.node_gone)
             handle.node_id = joined.node_id
@@ -137,12 +137,3 @@ def port_open(address: str | None, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
-
-
-def find_proc(pid: int | None) -> ProcWatch | None:
-    return ProcWatch.find(pid)
-
-
-def proc_alive(proc: ProcWatch) -> bool:
-    return proc.alive()
-

@@ -342,7 +342,7 @@ class Agent:
                 self._feed(RayEnded(now, f"ray start exited with {rc}"))
             elif handle.raylet is not None and wakeups.raylet_check_due(now, self._next_raylet_check):
                 self._next_raylet_check = now + wakeups.RAYLET_CHECK_SECONDS
-                if not join.proc_alive(handle.raylet):  # a drained raylet exits 0 while `ray start --block` stays up
+                if not handle.raylet.alive():  # a drained raylet exits 0 while `ray start --block` stays up
                     handle.reported = True
                     self._feed(RayEnded(now, "the raylet ended"))
         self.hosted_head.watch(now)
