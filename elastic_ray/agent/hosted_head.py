@@ -21,6 +21,7 @@ from typing import Callable
 
 from . import join
 from .hosted import (
+    Goal,
     DropRequested,
     EndpointWritten,
     ExitWanted,
@@ -171,6 +172,21 @@ class HostedHead:
                                 cancelled=lambda: not self.local.current(None))
         if up is None:
             return  # the agent is exiting; its shutdown stops the node
+        if up and self._record.goal is Goal.STANDBY:
+            # A standby is ready once a worker can join it without a stall:
+            # its raylet registered (see join.HEAD_REGISTERED_WAIT). It starts
+            # ahead of need, so this wait costs the run nothing; a head
+            # wanted now is published at once (its own node's worker waits
+            # for the registration instead, see Agent._start_ray).
+            t0 = time.time()
+            registered = join.wait_head_registered(
+                handle.node, join.STANDBY_REGISTERED_WAIT, cancelled=lambda: not self.local.current(None),
+                still_needed=lambda: self._record.goal is Goal.STANDBY)
+            if registered is None:
+                return
+            if registered or self._record.goal is Goal.STANDBY:
+                self._log("standby_head_registered" if registered else "standby_head_not_registered",
+                          waited=f"{time.time() - t0:.2f}s")
         handle.raylet = ProcWatch.find(handle.node.raylet_pid())
         self._handle(HostedStarted(time.time(), handle.address, up and handle.node.poll_exit() is None,
                                    handle.node.pid), handle)

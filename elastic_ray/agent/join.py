@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..polling import wait_for
 from . import gcs
 from .local_ray import LocalRay
 from .machine import RayEnded, RayJoined
@@ -35,6 +36,19 @@ PROBE_INTERVAL = 0.5
 # How long `ray start` may print nothing the agent recognises after its
 # start-up line before the agent asks the GCS instead.
 LOGGED_ID_GRACE = 2.0
+# A joining `ray start` asks the GCS for the head node (its temp and session
+# dirs) and, when no head node is listed yet, sleeps 2 s before it asks again.
+# A head's raylet registers a moment after its process starts: a worker that
+# starts inside that moment loses 2 s (measured on the lab: every hosting
+# node's worker after an election, and every early promoted standby, issue
+# 26). Waiting for the registration costs a fraction of that. After
+# HEAD_REGISTERED_WAIT without the raylet's line (another log format, a slow
+# head) the start goes ahead as before: waiting longer than Ray's own pause
+# would cost more than it saves. A standby, started ahead of need, waits up
+# to STANDBY_REGISTERED_WAIT before it counts as ready.
+HEAD_REGISTERED_WAIT = 3.0
+STANDBY_REGISTERED_WAIT = 10.0
+HEAD_REGISTERED_RECHECK = 0.05
 
 
 @dataclass(frozen=True)
@@ -126,6 +140,45 @@ def wait_gcs_open(node: RayNode, address: str | None, deadline: float,
             return True
         time.sleep(0.1)
     return False
+
+
+def wait_head_registered(node: RayNode, timeout: float, cancelled: Callable[[], bool],
+                         still_needed: Callable[[], bool] = lambda: True) -> bool | None:
+    """Wait until the head ``node``'s raylet registered with its GCS (see
+    HEAD_REGISTERED_WAIT): True once it did, False when its ``ray start``
+    exited, the time ran out or the wait is ``still_needed`` no more, None if
+    cancelled."""
+    def look() -> bool | None:
+        if cancelled():
+            return None
+        if node.registered_node_id() is not None:
+            return True
+        if node.poll_exit() is not None or not still_needed():
+            return False
+        return None   # look again
+
+    seen = wait_for(look, timeout=timeout, interval=HEAD_REGISTERED_RECHECK, done=lambda v: v is not None,
+                    what="the head's raylet to register", raising=False)
+    if seen is None:
+        return None if cancelled() else False
+    return seen
+
+
+def hosted_head_registered(local: LocalRay, generation: int, log: Callable[..., None]) -> bool:
+    """Before this node's worker joins the head this node hosts: wait until
+    that head's raylet registered (HEAD_REGISTERED_WAIT at most). False when
+    the start was superseded meanwhile."""
+    hosted = local.hosted
+    if hosted is None:
+        return True
+    t0 = time.time()
+    registered = wait_head_registered(hosted.node, HEAD_REGISTERED_WAIT, cancelled=lambda: not local.current(generation))
+    if registered is None:
+        return False
+    waited = time.time() - t0
+    if waited >= HEAD_REGISTERED_RECHECK or not registered:
+        log("hosted_head_registered" if registered else "hosted_head_not_registered", waited=f"{waited:.2f}s")
+    return True
 
 
 def port_open(address: str | None, timeout: float = 0.5) -> bool:

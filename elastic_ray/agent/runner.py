@@ -422,6 +422,9 @@ class Agent:
         role = "head" if self.o.role == "head" else "worker"
         if role == "worker" and not self.rejoin.wait(head_job, lambda: self.local.current(generation)):
             return  # superseded while it waited its turn (agent.rejoin_order)
+        own_head = role == "worker" and head_job == self.o.job_id
+        if own_head and not join.hosted_head_registered(self.local, generation, self._log):
+            return  # superseded while it waited for the head this node hosts
         event = join.start_and_join(self.local, head_address, generation, role, self.o.start_timeout, self._log)
         if event is not None:
             self._post(generation, event)
