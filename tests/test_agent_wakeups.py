@@ -170,3 +170,64 @@ def test_a_pointer_read_asked_for_at_once_still_wakes_the_loop():
     assert wakeups.pointer_read_due(11.9, 12.0, 1.0, True, beating_now=True)
     assert not wakeups.pointer_read_due(11.5, 12.0, 1.0, True, beating_now=True)   # more than a quarter early
     assert wakeups.pointer_read_due(11.9, 12.0, 1.0, False, beating_now=False)
+
+
+# ---------------------------------------------------------------- a follower's reaction to a moved head
+
+def _reaction(beats: bool, move_at: float, nudge_after: float | None, beat_interval: float = 1.0,
+              poll_interval: float = 1.0, extra: tuple[float, ...] = ()) -> tuple[float, int]:
+    """The agent loop's decisions (``wakeups.LoopClock``, as ``Agent._loop``
+    takes them) on a fake clock: the head moves at ``move_at``; a ``follow``
+    nudge reaches the control socket ``nudge_after`` seconds later (None: no
+    nudge, only the pointer read sees it); ``extra`` wakeups (status
+    requests) come between. Every wakeup is 3 ms late. Returns the fake
+    seconds from the move to the pointer read that sees it, and the number
+    of wakeups in between (that read's own included)."""
+    clock = wakeups.LoopClock(beat_interval, poll_interval)
+    now, wakes = 0.0, 0
+    arrivals = sorted([*extra, *(() if nudge_after is None else (move_at + nudge_after,))])
+    nudge_at = None if nudge_after is None else move_at + nudge_after
+    while now < move_at + 30:
+        wake = now + clock.timeout(now, beats)
+        request = arrivals[0] if arrivals and arrivals[0] < wake else None
+        if request is not None:
+            wake = arrivals.pop(0)
+        now = wake + 0.003
+        if now >= move_at:
+            wakes += 1
+        if request is not None and request == nudge_at:
+            clock.read_pointer_soon()          # Agent._read_pointer_now, from the follow request
+        if clock.read_pointer(now, beats) and now >= move_at:
+            return now - move_at, wakes
+        clock.beat(now, beats)
+        if wakeups.due(now, clock.next_status, st.STATUS_SLACK):
+            clock.next_status = now + st.REFRESH_SECONDS
+    raise AssertionError(f"the follower never read the moved pointer (beats={beats}, move at {move_at})")
+
+
+@pytest.mark.parametrize("beats", [False, True], ids=["plain worker", "worker hosting the head"])
+@pytest.mark.parametrize("beat_interval", [1.0, 0.5])
+def test_a_follower_reads_a_moved_pointer_within_its_period_plus_a_margin(beats, beat_interval):
+    """Without a nudge the move is seen at the next pointer read: never more
+    than one period (the beat's, when the read rides on it) plus the read's
+    slack, whatever the move's phase, also with requests between beats."""
+    period = max(beat_interval, 1.0) if beats else 1.0
+    margin = wakeups.pointer_slack(1.0) + 0.01
+    requests = tuple(k + 0.8 for k in range(3, 60, 7))
+    for k in range(40):
+        move = 20.0 + k * 0.025 * period
+        seconds, wakes = _reaction(beats, move, None, beat_interval=beat_interval, extra=requests)
+        assert seconds <= period + margin, (beats, move, seconds)
+        assert wakes <= 3, (beats, move, wakes)   # the read's own wakeup, at most a beat and a request before it
+
+
+@pytest.mark.parametrize("beats", [False, True], ids=["plain worker", "worker hosting the head"])
+def test_a_follow_nudge_is_acted_on_at_the_wakeup_it_causes(beats):
+    """A ``follow`` nudge reads the pointer at the very wakeup its request
+    causes, not at the next beat or planned read (a beating follower, whose
+    reads ride on its beats, included)."""
+    for k in range(40):
+        move = 20.0 + k * 0.025
+        seconds, wakes = _reaction(beats, move, nudge_after=0.05)
+        assert wakes <= 2, (beats, move, seconds, wakes)   # the nudge's own, and at most one planned just before
+        assert seconds <= 0.05 + 0.01, (beats, move, seconds)

@@ -78,6 +78,15 @@ def test_failover_loop_commits_every_unit_exactly_once(session, tmp_path):
                            for s in session.node_states(worker.job_id).values()),
                timeout=90, message="the worker did not rejoin the new head")
     t_rejoined = time.monotonic()
+    # The elected node's worker started its Ray only after the head its own
+    # node hosts registered its raylet (else Ray's start sleeps 2 s, issue 26).
+    lines = (session.dir.log_dir / f"worker-{worker.job_id}.out").read_text(errors="replace").splitlines()
+    asked = next(i for i, line in enumerate(lines) if "event=request" in line and "kind=host_head" in line)
+    gate = next(i for i, line in enumerate(lines)   # (not_registered: it waited its 3 s, then went ahead)
+                if i > asked and ("event=hosted_head_registered" in line or "event=hosted_head_not_registered" in line))
+    start = next(i for i, line in enumerate(lines) if i > asked and "event=ray_memory" in line
+                 and "role=worker" in line and "hosted=False" in line)
+    assert gate < start, lines[asked:start + 1]
     print(f"\nhead lost -> replace_head returned {t_elected - t_lost:.1f}s; "
           f"-> worker rejoined {t_rejoined - t_lost:.1f}s")
 

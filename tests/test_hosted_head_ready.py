@@ -62,3 +62,68 @@ def test_a_head_whose_ray_start_ended_is_not_ready_and_a_cancelled_wait_says_non
         assert join.wait_gcs_open(_Node(raylet=None), address, time.time() + 5, lambda: True) is None
     finally:
         srv.close()
+
+
+# ------------------------------------------------------------- the head's raylet registered (issue 26)
+#
+# A joining `ray start` asks the GCS for the head node and sleeps 2 s when it
+# is not listed yet: a standby counts as ready, and the hosting node's worker
+# starts, only once the head's raylet registered (join.wait_head_registered).
+
+class _Registering(_Node):
+    def __init__(self, after_looks: int | None, exited: int | None = None):
+        super().__init__(raylet=4242, exited=exited)
+        self.after_looks = after_looks
+        self.looks = 0
+
+    def registered_node_id(self):
+        self.looks += 1
+        if self.after_looks is not None and self.looks > self.after_looks:
+            return "ab" * 28
+        return None
+
+
+def test_the_wait_ends_once_the_heads_raylet_registered():
+    node = _Registering(after_looks=3)
+    assert join.wait_head_registered(node, 5.0, cancelled=lambda: False) is True
+    assert node.looks == 4
+
+
+def test_a_head_that_never_registers_is_waited_for_only_up_to_the_timeout():
+    t0 = time.monotonic()
+    assert join.wait_head_registered(_Registering(after_looks=None), 0.3, cancelled=lambda: False) is False
+    assert time.monotonic() - t0 < 2.0   # not Ray's own pause, and no hang
+
+
+def test_an_ended_head_a_cancelled_wait_and_a_wait_no_longer_needed():
+    assert join.wait_head_registered(_Registering(after_looks=None, exited=1), 5.0, cancelled=lambda: False) is False
+    assert join.wait_head_registered(_Registering(after_looks=None), 5.0, cancelled=lambda: True) is None
+    assert join.wait_head_registered(_Registering(after_looks=None), 5.0, cancelled=lambda: False,
+                                     still_needed=lambda: False) is False
+
+
+class _Local:
+    def __init__(self, hosted, current: bool = True):
+        self.hosted = hosted
+        self._current = current
+
+    def current(self, generation):
+        return self._current
+
+
+class _Handle:
+    def __init__(self, node):
+        self.node = node
+
+
+def test_the_hosting_nodes_worker_waits_for_its_heads_registration_and_says_so():
+    logged = []
+    node = _Registering(after_looks=2)
+    assert join.hosted_head_registered(_Local(_Handle(node)), 1, lambda event, **f: logged.append(event)) is True
+    assert node.looks == 3 and logged == ["hosted_head_registered"]
+
+
+def test_a_node_hosting_no_head_starts_at_once_and_a_superseded_start_stops():
+    assert join.hosted_head_registered(_Local(None), 1, lambda *a, **k: None) is True
+    assert join.hosted_head_registered(_Local(_Handle(_Registering(None)), current=False), 1,
+                                       lambda *a, **k: None) is False

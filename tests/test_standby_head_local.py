@@ -137,6 +137,19 @@ def test_the_standby_follows_the_election_and_becomes_the_head_without_a_start(t
         wait_until(lambda: any(st.state is AgentState.JOINED and st.head_job == short
                                for st in s.node_states(short).values()),
                    timeout=120, message="the hosting node's worker did not rejoin its own head")
+        # Ready only once its raylet registered, and the hosting node's worker
+        # started after its own head's registration: a joining `ray start`
+        # that finds no head node in the GCS sleeps 2 s (issue 26).
+        lines = log_of(s, short).splitlines()
+        ready = [i for i, line in enumerate(lines) if "event=standby_head_ready" in line]
+        registered = [i for i, line in enumerate(lines) if "event=standby_head_registered" in line]
+        assert ready and len(registered) >= len(ready), (ready, registered)
+        assert all(any(r < i for r in registered) for i in ready), "a standby counted as ready before it registered"
+        gate = next(i for i, line in enumerate(lines)   # (not_registered: it waited its 3 s, then went ahead)
+                if i > asked and ("event=hosted_head_registered" in line or "event=hosted_head_not_registered" in line))
+        worker_start = next(i for i, line in enumerate(lines)
+                            if i > asked and "event=ray_memory" in line and "hosted=False" in line)
+        assert gate < worker_start, "the hosting node's worker started before its head registered"
         out = tmp_path / "probe.json"
         with out.open("w") as handle:
             assert s.run([sys.executable, "-c", PROBE], stdout=handle).wait(timeout=120).returncode == 0

@@ -13,7 +13,7 @@ A warm standby (``RayLauncher.standby_head``) is the same control plane
 started ahead of an election, on the allocation the next election would
 pick, without the endpoint that would make it the run's head::
 
-    (none)/FAILED --standby_head--> STARTING (goal standby) --GCS open--> STANDBY
+    (none)/FAILED --standby_head--> STARTING (goal standby) --GCS open, raylet registered--> STANDBY
     STANDBY --host_head--> STANDBY (goal head) --endpoint written--> READY    (no `ray start`)
     STANDBY --drop_standby--> STANDBY (goal none) --node killed--> (none)
     STANDBY --its Ray ended--> FAILED

@@ -148,20 +148,20 @@ def wait_head_registered(node: RayNode, timeout: float, cancelled: Callable[[], 
     HEAD_REGISTERED_WAIT): True once it did, False when its ``ray start``
     exited, the time ran out or the wait is ``still_needed`` no more, None if
     cancelled."""
-    def look() -> bool | None:
+    def look() -> str:
         if cancelled():
-            return None
+            return "cancelled"
         if node.registered_node_id() is not None:
-            return True
+            return "registered"
         if node.poll_exit() is not None or not still_needed():
-            return False
-        return None   # look again
+            return "over"
+        return ""   # look again
 
-    seen = wait_for(look, timeout=timeout, interval=HEAD_REGISTERED_RECHECK, done=lambda v: v is not None,
-                    what="the head's raylet to register", raising=False)
-    if seen is None:
-        return None if cancelled() else False
-    return seen
+    seen = wait_for(look, timeout=timeout, interval=HEAD_REGISTERED_RECHECK, what="the head's raylet to register",
+                    raising=False)
+    if seen == "cancelled":
+        return None
+    return seen == "registered"
 
 
 def hosted_head_registered(local: LocalRay, generation: int, log: Callable[..., None]) -> bool:
@@ -175,9 +175,8 @@ def hosted_head_registered(local: LocalRay, generation: int, log: Callable[..., 
     registered = wait_head_registered(hosted.node, HEAD_REGISTERED_WAIT, cancelled=lambda: not local.current(generation))
     if registered is None:
         return False
-    waited = time.time() - t0
-    if waited >= HEAD_REGISTERED_RECHECK or not registered:
-        log("hosted_head_registered" if registered else "hosted_head_not_registered", waited=f"{waited:.2f}s")
+    log("hosted_head_registered" if registered else "hosted_head_not_registered",
+        waited=f"{time.time() - t0:.2f}s")
     return True
 
 

@@ -16,7 +16,7 @@ Threads and what they share:
 
 - the event loop (the main thread) owns the machine's context ``ctx``,
   ``transitions``, ``_signals`` (signal handlers run on it), ``_exit_code``,
-  the timers ``_next_*``, the heartbeat socket (``agent.publishing``) and the
+  the loop's deadlines (``wakeups.LoopClock``), the heartbeat socket (``agent.publishing``) and the
   followed head's watch (``agent.following``); only the loop writes the status;
 - ``agent-effects`` runs the queued slow actions in order; it and the other helper
   threads (``agent-signal``, ``agent-ask-head``, ``agent-head-probe``, ``agent-slurmd-job``)
@@ -119,7 +119,8 @@ class Agent:
         self._work: "queue.Queue[Callable[[], None] | None]" = queue.Queue()
         self._signals: list[int] = []
         self._exit_code: int | None = None
-        self._next_beat = self._next_pointer = self._next_status = self._next_raylet_check = 0.0
+        self.clock = wakeups.LoopClock(options.heartbeat_interval, options.poll_interval)
+        self._next_raylet_check = 0.0
         self._status_soon = threading.Event()
         self._node_file = NodeFile(self.session, self._log)   # at state changes and every REFRESH_SECONDS
         self.walltime = WalltimeWatch(self.info.scheduler, self.info.job_name, options.job_id,
@@ -233,10 +234,7 @@ class Agent:
                 if subscribed_socket is not None:
                     poller.register(subscribed_socket, zmq.POLLIN)
             beats = self._beats_due()
-            rides = wakeups.pointer_rides_on_beat(beats, self.o.heartbeat_interval, self.o.poll_interval)
-            timeout = wakeups.sleep_for(now, (wakeups.pointer_deadline(self._next_pointer, rides),
-                                              self._next_beat if beats else wakeups.INF, self._next_status,
-                                              self.follower.silence_at(now)))
+            timeout = self.clock.timeout(now, beats, self.follower.silence_at(now))
             try:
                 ready = dict(poller.poll(timeout=wakeups.poll_ms(timeout)))
             except zmq.ZMQError as exc:
@@ -252,9 +250,7 @@ class Agent:
                 self._drain_wake_pipe()
             self._handle_signals(now)
             self._handle_posted_events()
-            if wakeups.pointer_read_due(now, self._next_pointer, self.o.poll_interval, rides,
-                                        beating_now=beats and now >= self._next_beat):
-                self._next_pointer = now + self.o.poll_interval
+            if self.clock.read_pointer(now, beats):
                 self.follower.refresh(now, self.hosted_head.record)
             self._watch_ray(now)
             self._check_handover(now)
@@ -263,11 +259,10 @@ class Agent:
             self.follower.check_silent(now)
             self._feed(self.follower.seen(now))
             self._feed(Tick(now))
-            if self._beats_due() and now >= self._next_beat:
-                self._next_beat = now + self.o.heartbeat_interval
+            if self.clock.beat(now, self._beats_due()):
                 self._beat()
             soon = self._status_soon.is_set()
-            if soon or wakeups.due(now, self._next_status, STATUS_SLACK):
+            if soon or wakeups.due(now, self.clock.next_status, STATUS_SLACK):
                 # Cleared before the status is taken: a request that comes
                 # while it is written is served at the next turn. A prompt
                 # status is a hosted head's new state (standby ready, dropped,
@@ -405,7 +400,7 @@ class Agent:
                                lambda kind: self._log("request", kind=kind))
 
     def _read_pointer_now(self) -> None:
-        self._next_pointer = 0.0  # read the pointer now rather than at the next poll
+        self.clock.read_pointer_soon()
 
     # ------------------------------------------------------------ effects (run on the effects thread)
     def _work_loop(self) -> None:
@@ -485,12 +480,12 @@ class Agent:
         return self._node_state().to_dict()
 
     def _publish_status(self, force_session: bool = False) -> None:
-        self._next_status = time.time() + REFRESH_SECONDS
+        self.clock.next_status = time.time() + REFRESH_SECONDS
         try:
             state = self._node_state()
             write_status(self.status_file, state)
             if not self._node_file.publish(state, time.time(), changed=force_session):
-                self._next_status = time.time() + WRITE_RETRY_SECONDS
+                self.clock.next_status = time.time() + WRITE_RETRY_SECONDS
         except (OSError, ValueError, UnsafePathError) as exc:  # ValueError: a state the record refuses; a bug
             log.warning("event=status_write_failed job=%s node=%s error=%s", self.o.job_id, self.o.node, exc)
 

@@ -16,6 +16,7 @@ it does not wake per heartbeat: it takes the queued beats then
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 INF = float("inf")
 #: The loop looks at its Ray node, the walltime and slurmd at least this often.
@@ -85,3 +86,49 @@ def raylet_check_due(now: float, at: float) -> bool:
     """The raylet lookup rides on a wakeup up to a quarter of its period early
     (see ``pointer_slack``)."""
     return due(now, at, RAYLET_CHECK_SECONDS / 4)
+
+
+@dataclass
+class LoopClock:
+    """The loop's periodic deadlines and what each wakeup does about them.
+
+    The runner asks :meth:`timeout` before it sleeps and, once awake,
+    :meth:`read_pointer` and :meth:`beat`; a control request that wants the
+    pointer read at once (a ``follow`` nudge) calls :meth:`read_pointer_soon`.
+    No clock of its own: ``now`` is always passed in, so a simulation drives
+    the very decisions the agent takes with a fake clock
+    (``tests/test_agent_wakeups.py``). ``beats``: this agent beats now (a
+    head, or a node hosting one)."""
+
+    beat_interval: float
+    poll_interval: float
+    next_beat: float = 0.0
+    next_pointer: float = 0.0
+    next_status: float = 0.0
+
+    def rides(self, beats: bool) -> bool:
+        return pointer_rides_on_beat(beats, self.beat_interval, self.poll_interval)
+
+    def timeout(self, now: float, beats: bool, silence_at: float = INF) -> float:
+        """Seconds to sleep before the next wakeup that has work to do."""
+        return sleep_for(now, (pointer_deadline(self.next_pointer, self.rides(beats)),
+                               self.next_beat if beats else INF, self.next_status, silence_at))
+
+    def read_pointer(self, now: float, beats: bool) -> bool:
+        """Read ``ray_head`` at this wakeup? If so its next read is planned."""
+        if pointer_read_due(now, self.next_pointer, self.poll_interval, self.rides(beats),
+                            beating_now=beats and now >= self.next_beat):
+            self.next_pointer = now + self.poll_interval
+            return True
+        return False
+
+    def read_pointer_soon(self) -> None:
+        """Read the pointer at the next wakeup rather than at its next planned read."""
+        self.next_pointer = 0.0
+
+    def beat(self, now: float, beats: bool) -> bool:
+        """Send a heartbeat at this wakeup? If so the next one is planned."""
+        if beats and now >= self.next_beat:
+            self.next_beat = now + self.beat_interval
+            return True
+        return False
