@@ -97,8 +97,9 @@ def test_add_wait_and_remove_worker_allocations(make_session):
 PAYLOAD = [sys.executable, "-m", "elastic_ray.demo.payload"]
 
 
+@pytest.mark.slow
 def test_failover_loop_on_slurm(make_session):
-    """The seed's loop: run, head lost, SlurmAllocationEnded, replace_head, run again."""
+    """Full tier: on every change the fault matrix's head-cancel scenario runs this loop on the lab with more checks. The seed's loop: run, head lost, SlurmAllocationEnded, replace_head, run again."""
     session = make_session()
     session.wait_for_head(timeout=120)
     worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(

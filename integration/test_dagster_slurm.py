@@ -39,7 +39,7 @@ from elastic_ray.dagster import (
 from integration.slurm_helpers import end_session, squeue_ids
 from tests.helpers import committed_units, wait_until
 
-pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.dagster, pytest.mark.slurm, pytest.mark.ray, pytest.mark.timeout(300)]
 
 PAYLOAD = pipes_payload_module.__file__
 LAUNCHER = RayLauncher(object_store_memory=100_000_000)

@@ -44,8 +44,12 @@ def test_the_docs_have_a_lab_session_to_run():
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_docs_shell_session_runs_on_the_lab(slurm_lab):
+    """Full tier only: it checks the docs' install-and-run story, not a
+    behaviour. On every change tests/test_docs.py resolves every command of
+    these blocks against the real CLI, and the lab tests run what they do."""
     work = slurm_lab.shared_dir(f"docs-lab-{os.getpid()}")
     commands: list[str] = []
     for path, line, lang, body in lab_blocks():

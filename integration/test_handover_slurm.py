@@ -12,6 +12,12 @@ real walltimes and pre-walltime signals, real agents and Ray.
   the limit (its 30 s timer), so the lead is set well before that window.
 
 The same scenarios run on the local scheduler in tests/test_handover_local.py.
+
+Full tier only (``slow``): each waits two or three minutes for a real
+walltime. On every change, tests/test_handover_local.py runs both scenarios
+with the local scheduler's walltimes and signals, and
+integration/test_agent_slurm.py's ``scancel --signal`` drain checks the same
+drain path against real Slurm.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from integration.slurm_helpers import end_session
 from tests.helpers import stays
 from tests.test_handover_local import assert_handed_over, drained_at
 
-pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = SlurmWorkerAllocationConfig(partition="gpu-a", num_nodes=1, cpus_per_task=1, mem="1G", time_limit="30")

@@ -136,7 +136,9 @@ def test_seed_failover_loop_driven_from_outside(remote_root, lab_sshd):
     s.close()
 
 
+@pytest.mark.slow
 def test_outside_process_killed_and_restarted_mid_run(remote_root, lab_sshd, tmp_path):
+    """Full tier only. On every change: tests/test_remote_local.py (a killed client stops its payload, the session goes on) and the seed's loop from outside on the lab (above)."""
     path = remote_root / "killed"
     s = RemoteSession.create(str(path), ssh=target_of(lab_sshd), remote_python=REMOTE_PYTHON, head=HEAD,
                              launcher=LAUNCHER, scheduler="slurm")
@@ -208,7 +210,10 @@ def test_outside_process_killed_and_restarted_mid_run(remote_root, lab_sshd, tmp
           f"cluster-side supervisor moved ray_head in {noticed:.1f}s; restarted client finished")
 
 
+@pytest.mark.dagster
+@pytest.mark.slow
 def test_dagster_materialization_over_ssh_survives_a_cancelled_head(remote_root, lab_sshd, tmp_path):
+    """Full tier only. On every change: tests/test_dagster_ssh_local.py (Dagster over SSH) and integration/test_dagster_slurm.py (the seed's loop in an asset on the lab)."""
     commits = remote_root / "commits-dagster.txt"
     total = 30
     cancelled: dict = {}

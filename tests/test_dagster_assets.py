@@ -24,7 +24,7 @@ from elastic_ray.dagster import (
 from tests.dagster_helpers import all_jobs_final, session_root_fixture  # noqa: F401 - fixture "session_root"
 from tests.helpers import committed_units, wait_until
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.dagster, pytest.mark.ray, pytest.mark.timeout(300)]
 
 PAYLOAD = pipes_payload_module.__file__
 LAUNCHER = RayLauncher(object_store_memory=100_000_000)
@@ -78,7 +78,9 @@ def test_cpu_head_pipes_metadata_and_waiting_for_an_added_worker(session_root, t
     wait_until(lambda: all_jobs_final(session_root), timeout=60, message="run's jobs ended")
 
 
+@pytest.mark.slow
 def test_seed_failover_loop_commits_every_unit_once(session_root, tmp_path):
+    """Full tier only: on every change integration/test_dagster_slurm.py runs the seed's loop in an asset on the lab."""
     commits = tmp_path / "commits.txt"
     total = 24
     failovers: list[str] = []

@@ -44,6 +44,7 @@ def test_example_definitions_validate():
 
 @pytest.mark.ray
 @pytest.mark.timeout(300)
+@pytest.mark.dagster
 def test_readme_command_materializes_the_example(session_root):
     out = subprocess.run(readme_command(), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=280)
     logs = out.stdout + out.stderr

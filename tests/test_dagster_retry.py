@@ -26,7 +26,7 @@ from tests.dagster_helpers import all_jobs_final, session_root_fixture  # noqa: 
 from tests.dagster_retry_defs import FAILOVER, HEAD_AT_OPEN, JOB_NAME, define_retry_job
 from tests.helpers import committed_units, wait_until
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.dagster, pytest.mark.ray, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ from elastic_ray.dagster import build_orphan_sensor
 from tests.dagster_helpers import session_root_fixture  # noqa: F401 - fixture "session_root"
 from tests.helpers import wait_until
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.dagster, pytest.mark.ray, pytest.mark.timeout(240)]
 
 HEAD = SlurmRunAllocationConfig(partition="cpu", cpus_per_task=1, mem="1G", time_limit="30")
 

@@ -26,7 +26,7 @@ from elastic_ray.coordinator.detached import running_pid
 from tests.helpers import wait_until
 from tests.remote_helpers import REMOTE_PYTHON, target_of
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.dagster, pytest.mark.ray, pytest.mark.timeout(300)]
 
 PROBE = r'''
 import sys

@@ -291,9 +291,13 @@ def _mkdocs() -> str | None:
     return str(beside) if beside.exists() else shutil.which("mkdocs")
 
 
-@pytest.mark.skipif(_mkdocs() is None, reason="mkdocs is not installed (pip install -e '.[docs]'; "
-                                              "scripts/bootstrap installs it, so CI runs this)")
+@pytest.mark.skipif(_mkdocs() is None and os.environ.get("CI") != "true",
+                    reason="mkdocs is not installed (pip install -e '.[docs]'; scripts/bootstrap installs it, "
+                           "so CI runs this, and fails it there if mkdocs is missing)")
 def test_site_builds_strict(tmp_path: Path) -> None:
+    """The one build of the site in a test run (scripts/test no longer builds
+    it a second time): no warning, no broken link, the API pages there."""
+    assert _mkdocs() is not None, "mkdocs is not installed: scripts/bootstrap installs the docs extra"
     env = _env() | {"NO_MKDOCS_2_WARNING": "1"}
     run = subprocess.run([_mkdocs(), "build", "--strict", "--site-dir", str(tmp_path / "site")],
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
