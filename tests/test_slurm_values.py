@@ -10,7 +10,6 @@ accept ``"١٢٣"``, which ``int()`` reads as 123).
 from __future__ import annotations
 
 import signal
-import uuid
 
 import pytest
 
@@ -76,8 +75,9 @@ GOOD_JOB_NAMES = [
     "a", "er-3f9c2a1b", "A.b_c-9", "x" * JOB_NAME_MAX, "123", "-x", "...",
     # Names the code itself makes: Session.create, the demo, the scheduler
     # contract tests and the Slurm integration tests.
-    f"er-{uuid.uuid4().hex[:8]}", f"er-demo-{uuid.uuid4().hex[:6]}", f"ct-{uuid.uuid4().hex[:10]}",
-    f"er-test-{uuid.uuid4().hex[:8]}", f"er-cli-{uuid.uuid4().hex[:8]}", "er-bench",
+    # Fixed hex (a uuid4's digits): the ids must be the same in every
+    # collecting process (pytest-xdist compares them).
+    "er-5c3e2d7e", "er-demo-71a3d3", "ct-63a59a7194", "er-test-ea0c0f08", "er-cli-1f1f31e0", "er-bench",
 ]
 BAD_JOB_NAMES = [
     "", "x" * (JOB_NAME_MAX + 1), "er\n", "er-x\n", "\ner", "er x", "er\tx", "er,other", "er:x", "er@x",

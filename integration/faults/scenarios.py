@@ -286,7 +286,7 @@ def _head(fn):
 SHORT_HEAD = replace(HEAD, time_limit="3")
 
 SCENARIOS: list[Scenario] = [
-    Scenario("worker-raylet-kill", "process", "kill -9 of a worker's raylet", kill_worker_raylet, ci=True,
+    Scenario("worker-raylet-kill", "process", "kill -9 of a worker's raylet", kill_worker_raylet,
              status_check=_b(_saw_node_not_joined)),
     Scenario("worker-agent-kill", "process", "kill -9 of a worker's agent (its allocation resubmitted)",
              kill_worker_agent, keep_capacity=True,
@@ -299,7 +299,7 @@ SCENARIOS: list[Scenario] = [
              kill_worker_slurmd, status_check=_b(_saw_node_not_joined)),
     Scenario("worker-network-cut", "node", f"a worker node's network cut for {NET_CUT_SECONDS:.0f} s",
              cut_worker_network, ci=True, status_check=_b(_saw_node_not_joined)),
-    Scenario("head-cancel", "head", "the head job cancelled mid-payload", cancel_head, ci=True,
+    Scenario("head-cancel", "head", "the head job cancelled mid-payload", cancel_head,
              status_check=_head(_saw_head_lost)),
     Scenario("head-walltime", "head", "the head job reaching its walltime, no signal", _head_walltime,
              head=SHORT_HEAD, agent_env={"ELASTIC_AGENT_HEAD_DRAIN_LEAD": "60"}, timeout=420, units=1000,
@@ -314,7 +314,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("slurmctld-restart", "scheduler", "slurmctld killed and restarted 20 s later", restart_slurmctld,
              ci=True),
     Scenario("allocation-truncated", "session-dir", "allocation.json truncated, then the head cancelled",
-             truncate_allocation_then_cancel_head, ci=True),
+             truncate_allocation_then_cancel_head),
     Scenario("pointer-garbage", "session-dir", "the ray_head pointer replaced by garbage for 10 s",
              garbage_pointer),
     Scenario("filesystem-full", "session-dir", "the session directory's filesystem full for 8 s",
