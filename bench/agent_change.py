@@ -102,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
             for name, tree in trees.items():
                 out = _run([str(tree / ".venv/bin/python"), "bench/bench_head_capacity.py", "--runs", "1",
                             "--orders", "host-first", "--modes", "off,supervised"], tree, env, args.lock)
-                for mode, phases in parse_runs(out).items():
+                runs = parse_runs(out)
+                for mode, phases in runs.items():
                     samples.setdefault(mode, {}).setdefault(name, []).append(phases)
                 print(f"round {r + 1} {name}: " + "; ".join(
-                    f"{mode} task runs {ph.get('task runs', '-')}" for mode, ph in parse_runs(out).items()), flush=True)
+                    f"{mode} task runs {ph.get('task runs', '-')}" for mode, ph in runs.items()), flush=True)
         for mode in ("off", "supervised"):
             if samples.get(mode):
                 print("\n" + table(samples[mode], mode))

@@ -23,15 +23,3 @@ if str(ROOT) not in sys.path:
 if (ROOT / "integration" / "conftest.py").exists():
     from integration.conftest import slurm_lab, sshd  # noqa: E402,F401 - re-exported fixtures
 
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (the per-change tier's local step, ``--dist
-    loadfile``): modules that start real Ray go first, so the two workers
-    take the long modules early and the many short unit modules fill the
-    end, instead of one worker finishing a long module alone. A module's
-    tests stay together and in order; without xdist nothing moves."""
-    if not hasattr(config, "workerinput"):
-        return
-    heavy = {item.module.__name__ for item in items
-             if item.get_closest_marker("ray") is not None and getattr(item, "module", None) is not None}
-    items.sort(key=lambda item: 0 if getattr(getattr(item, "module", None), "__name__", None) in heavy else 1)
