@@ -35,7 +35,7 @@ the figures then say how the join fares on a loaded machine.
 
 ALIVE is seen by polling the GCS node table every 0.1 s from this process,
 with the same GcsClient calls and record parsing as the agent's GCS probe
-(``elastic_ray.agent.gcs_probe``), kept open instead of one process per poll:
+(``elastic_ray.agent.node.gcs_probe``), kept open instead of one process per poll:
 a probe process costs about a second of CPU, which would both blur the
 figure and slow the node being measured.
 """
@@ -63,7 +63,7 @@ import psutil  # noqa: E402
 import labctl  # noqa: E402
 from integration.faults import lab_ops  # noqa: E402
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  # noqa: E402
-from elastic_ray.agent import gcs_probe  # noqa: E402
+from elastic_ray.agent.node import gcs_probe  # noqa: E402
 from elastic_ray.coordinator.session import Session  # noqa: E402
 from elastic_ray.polling import wait_for  # noqa: E402
 from elastic_ray.config.launcher import RayLauncher  # noqa: E402

@@ -67,8 +67,8 @@ def trees(tmp: Path, base: str) -> dict[str, Path]:
 
 def session(tmp: Path) -> Path:
     from elastic_ray.config.launcher import RayLauncher
-    from elastic_ray.protocol.records import SessionInfo
-    from elastic_ray.protocol.session_dir import SessionDir
+    from elastic_ray.protocol.disk.records import SessionInfo
+    from elastic_ray.protocol.disk.session_dir import SessionDir
 
     info = SessionInfo(session_id="s-bench-startup", job_name="er-bench", created_at=time.time(),
                        scheduler={"kind": "local"}, head={"partition": "cpu"}, worker_allocation=None,

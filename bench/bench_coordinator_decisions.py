@@ -25,8 +25,8 @@ from types import MappingProxyType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from elastic_ray.coordinator.election import assess_head, choose_head, live_workers  # noqa: E402
-from elastic_ray.protocol.records import AllocationRecord, WorkerRecord  # noqa: E402
+from elastic_ray.coordinator.head.election import assess_head, choose_head, live_workers  # noqa: E402
+from elastic_ray.protocol.disk.records import AllocationRecord, WorkerRecord  # noqa: E402
 from elastic_ray.scheduler.base import JobInfo, JobState  # noqa: E402
 
 N_WORKERS = 1_000

@@ -33,7 +33,7 @@ nobody calls ``replace_head``. t0 = ``scancel`` of the head job. Measured:
   a second, non-supervising Session on the same directory) names it;
 * (c) all workers rejoined: every node state of the worker allocation is
   JOINED with ``head_job`` == the new head, and the node is ALIVE in the new
-  GCS (``elastic_ray.agent.gcs.list_nodes``).
+  GCS (``elastic_ray.agent.node.gcs.list_nodes``).
 
 "ALIVE in the GCS" is polled with ``gcs.list_nodes`` (a probe process, about
 1 s of CPU each, so polls are 0.5 s apart). Besides the time the poll saw the
@@ -69,7 +69,7 @@ sys.path.insert(0, str(REPO))
 
 from elastic_ray import Session, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  # noqa: E402
 from elastic_ray import polling  # noqa: E402
-from elastic_ray.agent import gcs  # noqa: E402
+from elastic_ray.agent.node import gcs  # noqa: E402
 from elastic_ray.config.launcher import RayLauncher  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_FAILOVER_RUNS", "3"))

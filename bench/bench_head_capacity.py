@@ -26,7 +26,7 @@ events, the agents' own logs and the payload's trace:
 ``--orders`` alternates the agents' rejoin order run by run (agent setting
 ``ELASTIC_AGENT_REJOIN_ORDER``): ``all`` (every worker restarts Ray the
 moment it sees the new head) against ``host-first`` (the default: see
-``elastic_ray.agent.rejoin_order``). The lab's nodes share one machine and
+``elastic_ray.agent.head.rejoin_order``). The lab's nodes share one machine and
 its 2 cores, which is what makes the order matter here.
 
 ``--modes`` alternates the warm standby head (``RayLauncher.standby_head``)
@@ -157,9 +157,9 @@ def with_standby(inject, supervised: bool = False):
     scenario's cleanup, before the teardown."""
     import threading
 
-    from elastic_ray.coordinator.standby import StandbyKeeper, first_node
-    from elastic_ray.coordinator.supervise import HeadSupervisor
-    from elastic_ray.protocol.records import HostedHeadState
+    from elastic_ray.coordinator.head.standby import StandbyKeeper, first_node
+    from elastic_ray.coordinator.head.supervise import HeadSupervisor
+    from elastic_ray.protocol.disk.records import HostedHeadState
 
     def run(ctx) -> None:
         keeper = StandbyKeeper(_StandbySession(ctx.session), interval=5.0)

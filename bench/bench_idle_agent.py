@@ -43,7 +43,7 @@ import psutil  # noqa: E402
 
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  # noqa: E402
 from elastic_ray.config.launcher import RayLauncher  # noqa: E402
-from elastic_ray.coordinator.headwatch import HeadWatch  # noqa: E402
+from elastic_ray.coordinator.head.headwatch import HeadWatch  # noqa: E402
 from elastic_ray.coordinator.session import Session  # noqa: E402
 from elastic_ray.polling import wait_for  # noqa: E402
 

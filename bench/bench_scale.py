@@ -8,7 +8,7 @@ SIMULATION: NO RAY RUNS. Every agent is a real ``elastic-agent`` process
 started by the local scheduler (one job of ``--nodes`` nodes, each on its own
 127.x.y.z address), with the real session directory, ZeroMQ heartbeat and
 control channel, node files and logs. Only Ray is replaced, through the two
-simulation hooks of ``elastic_ray/agent/simulation.py``:
+simulation hooks of ``elastic_ray/agent/node/simulation.py``:
 ``ELASTIC_RAY_RAY_EXECUTABLE`` points at ``bench/standin/ray`` (a shell script
 that writes the raylet log lines the agent reads to decide JOINED and keeps a
 process named ``raylet`` alive), and ``ELASTIC_RAY_GCS_PROBE`` at
@@ -64,10 +64,10 @@ from scale_records import election_decision, lock_contention  # noqa: E402
 from scale_report import STANDIN, report  # noqa: E402
 
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  # noqa: E402
-from elastic_ray.agent.simulation import GCS_PROBE_ENV, RAY_EXECUTABLE_ENV  # noqa: E402
+from elastic_ray.agent.node.simulation import GCS_PROBE_ENV, RAY_EXECUTABLE_ENV  # noqa: E402
 from elastic_ray.polling import wait_for  # noqa: E402
 from elastic_ray.config.launcher import RayLauncher  # noqa: E402
-from elastic_ray.protocol import curve  # noqa: E402
+from elastic_ray.protocol.wire import curve  # noqa: E402
 from elastic_ray.scheduler.local import LocalCluster, LocalScheduler  # noqa: E402
 from elastic_ray.scheduler.local.cluster import LocalNode  # noqa: E402
 
@@ -213,7 +213,7 @@ def status_timing(session, runs: int) -> dict:
 # --------------------------------------------------------------------------- (c)
 
 def move_head(session, worker_job: str, moves: int) -> list[dict]:
-    from elastic_ray.coordinator.failover import Failover
+    from elastic_ray.coordinator.head.failover import Failover
 
     expected = len(session.node_states(worker_job))
     out = []

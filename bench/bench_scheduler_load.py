@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from elastic_ray.cli.session import collect_status  # noqa: E402
 from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  # noqa: E402
 from elastic_ray.config.launcher import RayLauncher  # noqa: E402
-from elastic_ray.coordinator import answers  # noqa: E402
-from elastic_ray.coordinator.failover import Failover  # noqa: E402
-from elastic_ray.coordinator.pacing import STATUS_MAX_AGE, watch_max_age  # noqa: E402
+from elastic_ray.coordinator.allocations import answers  # noqa: E402
+from elastic_ray.coordinator.head.failover import Failover  # noqa: E402
+from elastic_ray.coordinator.allocations.pacing import STATUS_MAX_AGE, watch_max_age  # noqa: E402
 from elastic_ray.coordinator.session import Session  # noqa: E402
 from elastic_ray.polling import wait_for  # noqa: E402
 from elastic_ray.scheduler.local.scheduler import LocalScheduler  # noqa: E402

@@ -31,10 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_coordinator_decisions import build  # noqa: E402
 
-from elastic_ray.coordinator import election, failures  # noqa: E402
-from elastic_ray.coordinator.claims import election_claim  # noqa: E402
-from elastic_ray.protocol.records import AllocationRecord, SessionInfo, WorkerRecord  # noqa: E402
-from elastic_ray.protocol.session_dir import SessionDir  # noqa: E402
+from elastic_ray.coordinator.head import election
+from elastic_ray.coordinator.allocations import failures  # noqa: E402
+from elastic_ray.coordinator.head.claims import election_claim  # noqa: E402
+from elastic_ray.protocol.disk.records import AllocationRecord, SessionInfo, WorkerRecord  # noqa: E402
+from elastic_ray.protocol.disk.session_dir import SessionDir  # noqa: E402
 
 
 def new_session_dir(path: Path) -> SessionDir:

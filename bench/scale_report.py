@@ -120,7 +120,7 @@ def paper(n: int, r: dict, fanout_msgs: float, fanout_bytes: float, fds: int, co
     print(f"   - Head agent CPU: {_med(cpu) * 100:.2f} % of one core at {n}; the part that grows is the "
           f"per-subscriber send and encryption in ZeroMQ's I/O thread, so roughly x{scale:g} at 2,000.")
     nudge_med = _med(nudge) if nudge else float("nan")
-    print(f"   - Moving the head: the nudges (coordinator/nudges.py) go out from a background thread, 16 at a "
+    print(f"   - Moving the head: the nudges (coordinator/head/nudges.py) go out from a background thread, 16 at a "
           f"time, each a new socket and CURVE handshake, and are dropped after 3 s ({nudge_med:.2f} s for {n}, "
           f"about {nudge_med * scale:.0f} s at 2,000, so past the deadline: the rest follow by their own pointer "
           f"read within a second); the agents also read the pointer on their own (all followed after "

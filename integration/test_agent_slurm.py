@@ -32,10 +32,10 @@ import psutil
 import pytest
 
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
-from elastic_ray.agent import gcs
+from elastic_ray.agent.node import gcs
 from elastic_ray.coordinator.session import Session, WorkerAllocation
 from elastic_ray.config.launcher import RayLauncher
-from elastic_ray.protocol.channel import ControlClient
+from elastic_ray.protocol.wire.channel import ControlClient
 
 import labctl
 

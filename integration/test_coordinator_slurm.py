@@ -24,7 +24,7 @@ from elastic_ray import (
     SlurmWorkerAllocationConfig,
 )
 from elastic_ray.config.launcher import RayLauncher
-from elastic_ray.protocol.records import AgentState
+from elastic_ray.protocol.disk.records import AgentState
 from integration.slurm_helpers import end_session
 from tests.helpers import committed_units as committed, wait_until
 

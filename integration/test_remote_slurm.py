@@ -39,7 +39,7 @@ from elastic_ray.coordinator.session import Session
 from elastic_ray.dagster import ComputeResource, SlurmQueueConfig, SlurmResource, SSHConnectionResource
 from elastic_ray.dagster import RayLauncher as DagsterRayLauncher
 from elastic_ray.dagster import SlurmRunAllocationConfig as DagsterRunAllocation
-from elastic_ray.protocol.records import AgentState
+from elastic_ray.protocol.disk.records import AgentState
 from elastic_ray.remote import RemoteSession
 from elastic_ray.coordinator.detached import running_pid
 from integration.slurm_helpers import end_session

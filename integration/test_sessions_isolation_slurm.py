@@ -28,8 +28,8 @@ from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationCo
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.session import Session
 from elastic_ray.errors import SchedulerError
-from elastic_ray.protocol.records import SessionInfo, WorkerRecord
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.records import SessionInfo, WorkerRecord
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobSpec, JobState
 from elastic_ray.scheduler.slurm import SlurmScheduler
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from elastic_ray.polling import WaitTimeout, wait_for
-from elastic_ray.protocol.records import AgentState, NodeState
+from elastic_ray.protocol.disk.records import AgentState, NodeState
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ import zmq
 from elastic_ray import SlurmRunAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.session import Session
-from elastic_ray.protocol.channel import ControlClient
+from elastic_ray.protocol.wire.channel import ControlClient
 
 from tests.helpers import wait_until
 

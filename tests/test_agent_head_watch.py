@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_ray.agent.head_watch import (
+from elastic_ray.agent.head.head_watch import (
     HEAD_PROBE_TIMEOUT,
     HeadWatch,
     PointerRead,
@@ -13,7 +13,7 @@ from elastic_ray.agent.head_watch import (
     head_serves,
     read_pointer,
 )
-from elastic_ray.protocol.records import HeadEndpoint
+from elastic_ray.protocol.disk.records import HeadEndpoint
 
 LOST = 2.0
 ENDPOINT = HeadEndpoint(job_id="10", host="n1", address="10.0.0.1:6379", ray_version="x", started_at=0.0,

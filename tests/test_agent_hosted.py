@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_ray.agent.hosted import (
+from elastic_ray.agent.head.hosted import (
     ENDING_GRACE,
     DropRequested,
     EndpointWritten,

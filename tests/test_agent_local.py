@@ -23,14 +23,14 @@ import pytest
 import zmq
 
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
-from elastic_ray.agent import gcs
-from elastic_ray.agent.private_dirs import user_temp_root
+from elastic_ray.agent.node import gcs
+from elastic_ray.agent.node.private_dirs import user_temp_root
 from elastic_ray.coordinator.session import Session
 from elastic_ray.config.launcher import RayLauncher
-from elastic_ray.protocol.channel import ControlClient
-from elastic_ray.protocol import curve
-from elastic_ray.protocol.frames import REQUEST_KINDS, seal, sign
-from elastic_ray.protocol.sockets import WIRE_PART_LIMIT
+from elastic_ray.protocol.wire.channel import ControlClient
+from elastic_ray.protocol.wire import curve
+from elastic_ray.protocol.wire.frames import REQUEST_KINDS, seal, sign
+from elastic_ray.protocol.wire.sockets import WIRE_PART_LIMIT
 
 from tests.helpers import stays, wait_until
 

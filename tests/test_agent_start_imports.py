@@ -5,7 +5,7 @@ it: its start-up is on the critical path of a join. A fresh interpreter
 imports the agent's entry module, builds an Agent on a session directory and
 goes through the real launch up to the moment it would spawn `ray start`;
 then it lists what it has imported. ``import ray`` alone costs seconds and
-75 MB (GCS work runs in probe processes, ``agent.gcs``); the coordinator and
+75 MB (GCS work runs in probe processes, ``agent.node.gcs``); the coordinator and
 Dagster are other rooms; ``importlib.metadata`` (with the email package) is
 needed only to publish a running head's Ray version.
 """
@@ -19,8 +19,8 @@ import sys
 import pytest
 
 from elastic_ray.config.launcher import RayLauncher
-from elastic_ray.protocol.records import SessionInfo
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.records import SessionInfo
+from elastic_ray.protocol.disk.session_dir import SessionDir
 
 FORBIDDEN = ("ray", "dagster", "dagster_pipes", "dagster_shared", "elastic_ray.coordinator", "importlib.metadata",
              "email", "zmq.asyncio", "zmq.utils.monitor")
@@ -29,7 +29,7 @@ PROBE = r'''
 import json, os, shutil, sys
 {extra}
 import elastic_ray.agent.cli  # what `python -m elastic_ray.agent` and `elastic-agent` import first
-from elastic_ray.agent import ray_node
+from elastic_ray.agent.node import ray_node
 from elastic_ray.agent.runner import Agent, AgentOptions   # what `run` imports
 
 seen = {{}}

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from elastic_ray.agent import status as st
 from elastic_ray.agent.cli import main
-from elastic_ray.protocol.records import AgentState, HostedHead, HostedHeadState, NodeState, Transition
+from elastic_ray.protocol.disk.records import AgentState, HostedHead, HostedHeadState, NodeState, Transition
 from tests.helpers import node_state
 
 NOW = 1_800_000_000.0

@@ -12,10 +12,10 @@ import pytest
 from elastic_ray import atomic
 from elastic_ray.agent import status as st
 from elastic_ray.agent import wakeups
-from elastic_ray.agent.following import HeadFollower
-from elastic_ray.agent.head_watch import HeadWatch
+from elastic_ray.agent.head.following import HeadFollower
+from elastic_ray.agent.head.head_watch import HeadWatch
 from elastic_ray.agent.options import AgentOptions
-from elastic_ray.protocol.records import HeadEndpoint
+from elastic_ray.protocol.disk.records import HeadEndpoint
 from tests.helpers import node_state
 
 ENDPOINT = HeadEndpoint(job_id="10", host="n1", address="10.0.0.1:6379", ray_version="x", started_at=0.0,
@@ -64,7 +64,7 @@ def test_work_riding_on_half_second_wakeups_keeps_its_period():
 def test_a_heartbeat_every_second_leaves_two_beats_per_lost_after():
     """One beat may be lost or late before a head counts as silent; the 2 s
     of silence, not the beat, bound how soon a vanished node is seen (a head
-    agent that dies on a live node is seen at once: ``protocol.link_watch``)."""
+    agent that dies on a live node is seen at once: ``protocol.wire.link_watch``)."""
     options = AgentOptions(session=".", job_id="1", role="worker", node="n", node_ip="127.0.0.1")
     assert options.head_lost_after / options.heartbeat_interval == 2
     assert options.head_lost_after <= 2.0

@@ -20,12 +20,12 @@ import pytest
 
 from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
-from elastic_ray.coordinator import failures as fl
-from elastic_ray.coordinator.claims import election_claim
+from elastic_ray.coordinator.allocations import failures as fl
+from elastic_ray.coordinator.head.claims import election_claim
 from elastic_ray.coordinator.session import Session
 from elastic_ray.errors import ConfigError, SchedulerError
-from elastic_ray.protocol.records import AllocationEnding, AllocationRecord, SessionInfo, WorkerRecord
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.records import AllocationEnding, AllocationRecord, SessionInfo, WorkerRecord
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobInfo, JobSpec, JobState
 from elastic_ray.scheduler.local import LocalScheduler
 from helpers import stays, wait_until

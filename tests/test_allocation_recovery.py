@@ -1,6 +1,6 @@
 """A damaged allocation.json: restored on its own when nothing newer is lost,
-refused with the reasons and the one command otherwise (protocol.recovery
-decides, protocol.allocation_repair acts, SessionDir calls them)."""
+refused with the reasons and the one command otherwise (protocol.disk.recovery
+decides, protocol.disk.allocation_repair acts, SessionDir calls them)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 from elastic_ray.atomic import atomic_write_json
 from elastic_ray.errors import CorruptFileError
-from elastic_ray.protocol.records import AllocationRecord, SessionInfo, WorkerRecord
-from elastic_ray.protocol.recovery import (
+from elastic_ray.protocol.disk.records import AllocationRecord, SessionInfo, WorkerRecord
+from elastic_ray.protocol.disk.recovery import (
     Candidate,
     DamagedFile,
     Evidence,
@@ -21,7 +21,7 @@ from elastic_ray.protocol.recovery import (
     legible_numbers,
     plan_recovery,
 )
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.session_dir import SessionDir
 
 
 def make_info() -> SessionInfo:

@@ -16,7 +16,7 @@ import msgpack
 import pytest
 import zmq
 
-from elastic_ray.protocol.channel import (
+from elastic_ray.protocol.wire.channel import (
     ControlClient,
     ControlError,
     ControlServer,
@@ -24,9 +24,9 @@ from elastic_ray.protocol.channel import (
     HeartbeatPublisher,
     HeartbeatSubscriber,
 )
-from elastic_ray.protocol import curve
-from elastic_ray.protocol.frames import MAX_FRAME_BYTES, REQUEST_KINDS, seal, sign
-from elastic_ray.protocol.sockets import WIRE_PART_LIMIT
+from elastic_ray.protocol.wire import curve
+from elastic_ray.protocol.wire.frames import MAX_FRAME_BYTES, REQUEST_KINDS, seal, sign
+from elastic_ray.protocol.wire.sockets import WIRE_PART_LIMIT
 from tests.helpers import wait_until
 
 SECRET = bytes(range(32))
@@ -327,7 +327,7 @@ def test_replayed_request_runs_once(served, ctx):
 def test_rejections_are_logged_with_peer(served, ctx, caplog):
     dealer = raw_dealer(ctx, served.server.endpoint)
     try:
-        with caplog.at_level("WARNING", logger="elastic_ray.protocol.channel"):
+        with caplog.at_level("WARNING", logger="elastic_ray.protocol.wire.channel"):
             dealer.send_multipart([b"hello"])
             wait_until(lambda: served.server.rejected["parts"] == 1, 5, 0.01, "the 'parts' rejection")
         lines = [r.getMessage() for r in caplog.records]

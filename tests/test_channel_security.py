@@ -20,11 +20,16 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from elastic_ray.protocol import curve
-from elastic_ray.protocol.channel import ControlClient, ControlServer, ControlTimeout, HeartbeatPublisher, \
-    HeartbeatSubscriber
-from elastic_ray.protocol.frames import MAX_FRAME_BYTES, seal
-from elastic_ray.protocol.sockets import WIRE_PART_LIMIT
+from elastic_ray.protocol.wire import curve
+from elastic_ray.protocol.wire.channel import (
+    ControlClient,
+    ControlServer,
+    ControlTimeout,
+    HeartbeatPublisher,
+    HeartbeatSubscriber,
+)
+from elastic_ray.protocol.wire.frames import MAX_FRAME_BYTES, seal
+from elastic_ray.protocol.wire.sockets import WIRE_PART_LIMIT
 from tests.helpers import wait_until
 
 SECRET = bytes(range(32))
@@ -205,7 +210,7 @@ def test_a_part_over_the_limit_is_dropped_by_libzmq_before_buffering(served, ctx
 def test_a_message_with_thousands_of_parts_is_refused_by_count(served, ctx, caplog):
     sock = dealer(ctx, served.server.endpoint, SECRET)
     try:
-        with caplog.at_level("WARNING", logger="elastic_ray.protocol.channel"):
+        with caplog.at_level("WARNING", logger="elastic_ray.protocol.wire.channel"):
             sock.send_multipart([b"p"] * 5000)
             sock.send_multipart(seal(SECRET, SID, "status", {}, to=served.server.endpoint))
             assert sock.poll(3000), "the genuine request after it was not answered"
@@ -220,11 +225,11 @@ def test_a_message_with_thousands_of_parts_is_refused_by_count(served, ctx, capl
 EXHAUST = textwrap.dedent("""
     import errno, json, logging, os, resource, sys, time
     import zmq
-    from elastic_ray.agent.following import HeadFollower
-    from elastic_ray.agent.hosted import Hosting, HostSettings
-    from elastic_ray.protocol.channel import ControlClient, ControlServer, HeartbeatPublisher
-    from elastic_ray.protocol.records import HeadEndpoint, SessionInfo
-    from elastic_ray.protocol.session_dir import SessionDir
+    from elastic_ray.agent.head.following import HeadFollower
+    from elastic_ray.agent.head.hosted import Hosting, HostSettings
+    from elastic_ray.protocol.wire.channel import ControlClient, ControlServer, HeartbeatPublisher
+    from elastic_ray.protocol.disk.records import HeadEndpoint, SessionInfo
+    from elastic_ray.protocol.disk.session_dir import SessionDir
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     session = SessionDir.create(sys.argv[1], SessionInfo(session_id="s-fd", job_name="er-test", created_at=1.0,

@@ -36,9 +36,9 @@ from elastic_ray.cli.session import one_line
 from elastic_ray.cli.status_model import build_status, node_shown_state
 from elastic_ray.cli.status_view import format_duration, render_status
 from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, resolve_head_config
-from elastic_ray.coordinator.headwatch import HeadObservation
+from elastic_ray.coordinator.head.headwatch import HeadObservation
 from elastic_ray.config.launcher import RayLauncher
-from elastic_ray.protocol.records import (
+from elastic_ray.protocol.disk.records import (
     AllocationEnding,
     AllocationRecord,
     ElectionClaim,
@@ -48,7 +48,7 @@ from elastic_ray.protocol.records import (
     SessionInfo,
     WorkerRecord,
 )
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobInfo, JobSpec, JobState
 from elastic_ray.scheduler.local import LocalScheduler
 from tests.helpers import node_state, wait_until

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 import elastic_ray.cli.session as cli_session
-from elastic_ray.agent.publishing import NodeFile
+from elastic_ray.agent.head.publishing import NodeFile
 from elastic_ray.cli import main
 from elastic_ray.cli.output import SCHEMA
 from elastic_ray.cli.status_model import (
@@ -28,8 +28,8 @@ from elastic_ray.cli.status_model import (
 from elastic_ray.cli.status_view import render_status
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.config.session_file import SESSION_ENV
-from elastic_ray.protocol.records import AllocationRecord, SessionInfo
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.records import AllocationRecord, SessionInfo
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobInfo, JobState
 from tests.helpers import node_state
 from tests.test_cli import _run, sleepy  # noqa: F401  (sleepy is a fixture)

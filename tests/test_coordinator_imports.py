@@ -17,15 +17,32 @@ PACKAGE = "elastic_ray.coordinator"
 ROOT = Path(coordinator.__file__).parent
 
 
-def _imports(path: Path) -> set[str]:
+def _dotted(path: Path) -> str:
+    """The module name of a file under the coordinator, relative to it (``head.supervise``)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package_of(path: Path) -> list[str]:
+    """The absolute package a file's relative imports start from."""
+    parts = PACKAGE.split(".") + list(path.relative_to(ROOT).parent.parts)
+    return parts
+
+
+MODULES = {_dotted(p) for p in ROOT.rglob("*.py") if p.name != "__init__.py"}
+
+
+def _imports(path: Path, package: list[str] | None = None) -> set[str]:
     """Every coordinator module that ``path`` imports, anywhere in the file."""
+    package = package if package is not None else _package_of(path)
     out: set[str] = set()
+    own = _dotted(path) if path.is_relative_to(ROOT) else path.stem
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = PACKAGE.split(".")[: len(PACKAGE.split(".")) - (node.level - 1)]
+                base = package[: len(package) - (node.level - 1)]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
@@ -35,26 +52,26 @@ def _imports(path: Path) -> set[str]:
             continue
         for name in names:
             if name.startswith(PACKAGE + "."):
-                short = name[len(PACKAGE) + 1:].split(".")[0]
-                if (ROOT / f"{short}.py").exists() and short != path.stem:
+                short = name[len(PACKAGE) + 1:]
+                if short in MODULES and short != own:
                     out.add(short)
     return out
 
 
 def _graph() -> dict[str, set[str]]:
-    return {path.stem: _imports(path) for path in sorted(ROOT.glob("*.py")) if path.stem != "__init__"}
+    return {_dotted(path): _imports(path) for path in sorted(ROOT.rglob("*.py")) if path.name != "__init__.py"}
 
 
 def test_the_walker_sees_imports_inside_functions_and_type_checking(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .session import Session\n"
-                     "def f():\n    from . import election\n    import elastic_ray.coordinator.drivers\n")
-    assert _imports(probe) == {"session", "election", "drivers"}
+                     "def f():\n    from .head import election\n    import elastic_ray.coordinator.drivers\n")
+    assert _imports(probe, PACKAGE.split(".")) == {"session", "head.election", "drivers"}
 
 
 def test_supervisor_and_drivers_do_not_import_the_session():
     graph = _graph()
-    assert "session" not in graph["supervise"], graph["supervise"]
+    assert "session" not in graph["head.supervise"], graph["head.supervise"]
     assert "session" not in graph["drivers"], graph["drivers"]
 
 
@@ -86,8 +103,8 @@ def test_a_session_provides_what_the_ports_ask_for(tmp_path):
 
     from elastic_ray.coordinator.ports import DriverSession, ElectingSession, SupervisedSession
     from elastic_ray.coordinator.session import Session
-    from elastic_ray.protocol.records import SessionInfo
-    from elastic_ray.protocol.session_dir import SessionDir
+    from elastic_ray.protocol.disk.records import SessionInfo
+    from elastic_ray.protocol.disk.session_dir import SessionDir
 
     info = SessionInfo(session_id="s-1", job_name="er-test", created_at=1.0, scheduler={"kind": "local"},
                        head={"partition": "cpu", "time_limit": "60"})

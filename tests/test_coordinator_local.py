@@ -14,7 +14,7 @@ import pytest
 from elastic_ray import SlurmAllocationEnded, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.coordinator.session import Session
 from elastic_ray.config.launcher import RayLauncher
-from elastic_ray.protocol.records import AgentState
+from elastic_ray.protocol.disk.records import AgentState
 from tests.helpers import committed_units as committed, stays, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

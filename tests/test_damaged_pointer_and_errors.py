@@ -12,15 +12,15 @@ from dataclasses import replace
 import pytest
 import zmq
 
-from elastic_ray.agent.following import HeadFollower
-from elastic_ray.agent.hosted import HostSettings, Hosting
-from elastic_ray.agent.publishing import RetriedWrite
-from elastic_ray.coordinator.headwatch import HeadWatch
-from elastic_ray.coordinator.supervise import HeadSupervisor, RepeatedError
+from elastic_ray.agent.head.following import HeadFollower
+from elastic_ray.agent.head.hosted import HostSettings, Hosting
+from elastic_ray.agent.head.publishing import RetriedWrite
+from elastic_ray.coordinator.head.headwatch import HeadWatch
+from elastic_ray.coordinator.head.supervise import HeadSupervisor, RepeatedError
 from elastic_ray.errors import CorruptFileError
-from elastic_ray.protocol.records import AllocationRecord, ElectionClaim, SessionInfo
-from elastic_ray.protocol.recovery import pointer_to_restore
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.records import AllocationRecord, ElectionClaim, SessionInfo
+from elastic_ray.protocol.disk.recovery import pointer_to_restore
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from tests.helpers import node_state
 
 

@@ -17,7 +17,7 @@ from elastic_ray import SlurmRunAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.session import Session
 from elastic_ray.errors import ConfigError
-from elastic_ray.protocol.records import AgentState
+from elastic_ray.protocol.disk.records import AgentState
 from tests.helpers import wait_until
 
 RUN = SlurmRunAllocationConfig(partition="gpu-a", num_nodes=1, cpus_per_task=2, gpus_per_node=2, mem="2G",

@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 import pytest
 
-from elastic_ray.coordinator.election import (
+from elastic_ray.coordinator.head.election import (
     DEFAULT_CLAIM_PERIOD,
     ChoiceKind,
     HeadCondition,
@@ -33,9 +33,9 @@ from elastic_ray.coordinator.election import (
     release,
     time_left_at,
 )
-from elastic_ray.coordinator.claims import election_claim
-from elastic_ray.protocol.records import AllocationRecord, ElectionClaim, SessionInfo, WorkerRecord
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.coordinator.head.claims import election_claim
+from elastic_ray.protocol.disk.records import AllocationRecord, ElectionClaim, SessionInfo, WorkerRecord
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobInfo, JobState
 
 NOW = 1_700_000_000.0

@@ -12,7 +12,7 @@ import math
 import msgpack
 import pytest
 
-from elastic_ray.protocol.frames import (
+from elastic_ray.protocol.wire.frames import (
     MAX_FRAME_BYTES,
     REQUEST_KINDS,
     SKEW_WINDOW,

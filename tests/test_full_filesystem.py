@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from elastic_ray.atomic import atomic_write_json, read_json
-from elastic_ray.protocol import session_dir as session_dir_module
-from elastic_ray.protocol.records import SessionInfo, WorkerRecord
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk import session_dir as session_dir_module
+from elastic_ray.protocol.disk.records import SessionInfo, WorkerRecord
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from tests.helpers import node_state
 
 

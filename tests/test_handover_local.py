@@ -30,7 +30,7 @@ from elastic_ray import (
 )
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.session import Session
-from elastic_ray.protocol.records import AgentState
+from elastic_ray.protocol.disk.records import AgentState
 from elastic_ray.scheduler.base import JobSpec, JobState
 from tests.helpers import stays, wait_until
 

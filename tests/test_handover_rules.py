@@ -14,13 +14,13 @@ import pytest
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.config import rejoin_timeout_warning, resolve_separate_head_config
 from elastic_ray.config.queue import SlurmQueue, plan_run_layout, plan_session_layout
-from elastic_ray.coordinator import election
-from elastic_ray.coordinator.claims import election_claim, renew_claim
-from elastic_ray.coordinator.failover import Failover
+from elastic_ray.coordinator.head import election
+from elastic_ray.coordinator.head.claims import election_claim, renew_claim
+from elastic_ray.coordinator.head.failover import Failover
 from elastic_ray.coordinator.session import Session
 from elastic_ray.errors import ConfigError
-from elastic_ray.protocol.records import AllocationRecord, SessionInfo
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.records import AllocationRecord, SessionInfo
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobInfo, JobState, Scheduler
 
 
@@ -215,7 +215,7 @@ def test_holder_gone_only_for_a_process_of_this_host_that_ended():
     import subprocess
     import sys
 
-    from elastic_ray.coordinator.claims import holder_gone
+    from elastic_ray.coordinator.head.claims import holder_gone
 
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
@@ -245,8 +245,8 @@ def test_an_elector_that_wins_the_claim_after_another_election_judges_the_new_he
     the head the first elector had just made."""
     from contextlib import contextmanager
 
-    from elastic_ray.coordinator.claims import ClaimOutcome
-    from elastic_ray.coordinator.headwatch import HeadObservation
+    from elastic_ray.coordinator.head.claims import ClaimOutcome
+    from elastic_ray.coordinator.head.headwatch import HeadObservation
 
     old = AllocationRecord(head_job="31", predecessors=())
     new = AllocationRecord(head_job="32", predecessors=("31",))

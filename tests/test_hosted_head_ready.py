@@ -1,4 +1,4 @@
-"""When a hosted head counts as ready for workers (agent.join.wait_gcs_open).
+"""When a hosted head counts as ready for workers (agent.node.join.wait_gcs_open).
 
 A joining `ray start` reads the session name the head's `ray start` writes
 into the GCS right after the GCS opens, and sleeps 2 s before each retry when
@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import time
 
-from elastic_ray.agent import join
+from elastic_ray.agent.node import join
 
 
 class _Node:

@@ -50,7 +50,7 @@ OWNED_THIRD_PARTY: Mapping[str, frozenset[str]] = {
 # Files that run as their own process (never imported by their room's code),
 # with the third-party packages they may import for that reason.
 SEPARATE_PROCESSES: Mapping[str, frozenset[str]] = {
-    "agent/gcs_probe.py": frozenset({"ray"}),
+    "agent/node/gcs_probe.py": frozenset({"ray"}),
 }
 
 
@@ -116,6 +116,51 @@ def package_sources() -> dict[str, str]:
     return {str(p.relative_to(PACKAGE)): p.read_text() for p in PACKAGE.rglob("*.py")}
 
 
+# The pure modules: decisions only (machines, elections, wakeups, rules,
+# plans, parsers, renderings), tested by table. Their effects live in the
+# shells that call them, so none of them may touch a socket, a thread, a
+# process or the system: they import none of these.
+PURE_MODULES: tuple[str, ...] = (
+    "agent/machine.py", "agent/wakeups.py", "agent/requests.py",
+    "agent/head/hosted.py", "agent/head/head_watch.py",
+    "agent/slurm/slurmd_rules.py", "agent/slurm/walltime.py",
+    "agent/node/health_check.py", "agent/node/ray_args.py",
+    "coordinator/head/election.py", "coordinator/allocations/ownership.py",
+    "protocol/disk/recovery.py", "protocol/wire/head_status.py",
+    "config/allocation.py", "config/queue.py", "config/slurm_values.py",
+    "scheduler/states.py", "scheduler/slurm_parse.py",
+    "cli/options.py", "cli/render_plan.py", "cli/status_model.py", "cli/status_view.py",
+    "dagster/orphans.py", "remote/wire.py",
+)
+EFFECTS = frozenset({"zmq", "psutil", "subprocess", "threading", "socket", "multiprocessing", "asyncio"})
+
+
+def pure_violations(sources: Mapping[str, str], pure: tuple[str, ...] = PURE_MODULES) -> list[str]:
+    """Every import of an effect library by a pure module (direct imports; lazy ones count)."""
+    found = []
+    for relative in pure:
+        if relative not in sources:
+            found.append(f"{relative}: listed as pure but not found")
+            continue
+        path = Path(relative)
+        dotted = ".".join(["elastic_ray", *path.parent.parts, path.stem])
+        for line, name in imported_names(sources[relative], dotted, False):
+            if name.split(".")[0] in EFFECTS:
+                found.append(f"{relative}:{line}: a pure module imports {name}")
+    return found
+
+
+def test_the_pure_modules_import_no_effects():
+    broken = pure_violations(package_sources())
+    assert not broken, "pure modules with effects:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("source", ["import zmq\n", "def f():\n    import subprocess\n", "from threading import Lock\n",
+                                    "import psutil\n", "from socket import socket\n"])
+def test_the_pure_check_catches_an_effect_import(source):
+    assert pure_violations({"agent/machine.py": source}, ("agent/machine.py",))
+
+
 def test_the_package_keeps_the_import_rule():
     broken = violations(package_sources())
     assert not broken, "import rule broken:\n" + "\n".join(broken)
@@ -131,8 +176,8 @@ def test_the_package_keeps_the_import_rule():
      "agent imports elastic_ray.coordinator.session"),
     ("agent/runner.py", "from elastic_ray import coordinator\n", "agent imports elastic_ray.coordinator"),
     ("agent/runner.py", "def f():\n    import ray\n", "agent imports ray"),
-    ("protocol/records.py", "from ..scheduler.base import JobState\n", "protocol imports elastic_ray.scheduler"),
-    ("protocol/records.py", "from ..agent import machine\n", "protocol imports elastic_ray.agent"),
+    ("protocol/disk/records.py", "from ...scheduler.base import JobState\n", "protocol imports elastic_ray.scheduler"),
+    ("protocol/disk/records.py", "from ...agent import machine\n", "protocol imports elastic_ray.agent"),
     ("scheduler/slurm.py", "from ..coordinator import election\n", "scheduler imports elastic_ray.coordinator"),
     ("scheduler/local/job.py", "from ...agent import runner\n", "scheduler imports elastic_ray.agent"),
     ("coordinator/session.py", "import dagster\n", "only dagster may import dagster"),
@@ -149,7 +194,7 @@ def test_the_checker_catches_each_kind_of_violation(relative, source, expected):
 @pytest.mark.parametrize("relative, source", [
     ("coordinator/session.py", "from ..agent import ray_args\nfrom ..scheduler.base import JobState\n"),
     ("agent/runner.py", "from ..protocol.records import HeadEndpoint\nfrom ..config import RayLauncher\n"),
-    ("agent/gcs_probe.py", "def f():\n    import ray\n"),
+    ("agent/node/gcs_probe.py", "def f():\n    import ray\n"),
     ("dagster/compute.py", "import dagster\nfrom ..coordinator.session import Session\n"),
     ("agent/machine.py", "from .ray_args import build_ray_start\n"),
     ("demo/pipes_payload.py", "from dagster_pipes import open_dagster_pipes\n"),

@@ -12,11 +12,11 @@ import types
 import pytest
 import zmq
 
-from elastic_ray.agent.following import HeadFollower
-from elastic_ray.agent.head_watch import HeadWatch, beat_time
-from elastic_ray.protocol.channel import HeartbeatPublisher, HeartbeatSubscriber
-from elastic_ray.protocol.link_watch import link_dropped
-from elastic_ray.protocol.records import HeadEndpoint
+from elastic_ray.agent.head.following import HeadFollower
+from elastic_ray.agent.head.head_watch import HeadWatch, beat_time
+from elastic_ray.protocol.wire.channel import HeartbeatPublisher, HeartbeatSubscriber
+from elastic_ray.protocol.wire.link_watch import link_dropped
+from elastic_ray.protocol.disk.records import HeadEndpoint
 from tests.helpers import wait_until
 
 SECRET = bytes(range(32))
@@ -117,7 +117,7 @@ def test_event_of_reads_the_event_number_of_a_monitor_message():
 
     import zmq
 
-    from elastic_ray.protocol.link_watch import event_of
+    from elastic_ray.protocol.wire.link_watch import event_of
 
     frame = struct.pack("=HI", zmq.EVENT_DISCONNECTED, 7)
     assert event_of([frame, b"tcp://10.0.0.1:4000"]) == zmq.EVENT_DISCONNECTED

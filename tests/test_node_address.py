@@ -1,5 +1,5 @@
 """The node address an agent binds Ray to: the launcher's network_interface or
-node_ip_address_command, resolved on the node (agent/node_address.py), and
+node_ip_address_command, resolved on the node (agent/node/node_address.py), and
 the launcher's checks of those fields and of python_executable."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from elastic_ray.agent import cli as agent_cli
-from elastic_ray.agent.node_address import (
+from elastic_ray.agent.node.node_address import (
     NodeAddressError,
     command_address,
     interface_address,
@@ -19,8 +19,8 @@ from elastic_ray.agent.node_address import (
 )
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.errors import ConfigError
-from elastic_ray.protocol.records import SessionInfo
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.records import SessionInfo
+from elastic_ray.protocol.disk.session_dir import SessionDir
 
 
 def _addr(family, address):
@@ -142,7 +142,7 @@ def test_the_node_settings_survive_session_json():
 
 def test_the_agent_runs_under_the_launcher_interpreter(tmp_path):
     from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
-    from elastic_ray.coordinator import submit
+    from elastic_ray.coordinator.allocations import submit
 
     directory = _session_dir(tmp_path, RayLauncher())
     head = SlurmRunAllocationConfig(partition="cpu", time_limit="60")

@@ -18,10 +18,11 @@ from types import MappingProxyType
 
 import pytest
 
-from elastic_ray.agent import health_check, node_gone
-from elastic_ray.coordinator.lost_nodes import LostNodeReporter, jobs_to_check, nodes_to_report
-from elastic_ray.protocol.channel import ControlClient, ControlServer, ControlTimeout, Deferred
-from elastic_ray.protocol.frames import (
+from elastic_ray.agent.node import health_check
+from elastic_ray.agent.head import node_gone
+from elastic_ray.coordinator.allocations.lost_nodes import LostNodeReporter, jobs_to_check, nodes_to_report
+from elastic_ray.protocol.wire.channel import ControlClient, ControlServer, ControlTimeout, Deferred
+from elastic_ray.protocol.wire.frames import (
     MAX_MARK_DEAD_IDS,
     FrameRejected,
     ReplayGuard,
@@ -30,9 +31,9 @@ from elastic_ray.protocol.frames import (
     open_frame,
     seal,
 )
-from elastic_ray.protocol.head_agent import head_control_endpoint
-from elastic_ray.protocol.records import AllocationRecord, HeadEndpoint, WorkerRecord
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.head_agent import head_control_endpoint
+from elastic_ray.protocol.disk.records import AllocationRecord, HeadEndpoint, WorkerRecord
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobInfo, JobState
 from tests.helpers import node_state
 from tests.test_session_dir import make_info
@@ -405,7 +406,7 @@ def test_a_bad_health_knob_is_refused_by_name(knob, value):
 
 def test_the_head_ray_start_gets_the_health_settings(tmp_path, monkeypatch):
     """The env the agent gives the head's (and a hosted head's) `ray start`."""
-    from elastic_ray.agent import local_ray
+    from elastic_ray.agent.node import local_ray
     captured = {}
 
     class Node:
@@ -432,6 +433,6 @@ def test_the_head_ray_start_gets_the_health_settings(tmp_path, monkeypatch):
 
 
 def test_the_probe_refuses_mark_dead_without_ids():
-    run = subprocess.run([sys.executable, "-m", "elastic_ray.agent.gcs_probe", "mark-dead",
+    run = subprocess.run([sys.executable, "-m", "elastic_ray.agent.node.gcs_probe", "mark-dead",
                           "--address=127.0.0.1:1"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and '"error":"usage"' in run.stdout and "node-ids" in run.stdout

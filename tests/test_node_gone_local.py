@@ -3,7 +3,7 @@
 Real agents, real Ray, the local scheduler. The worker's agent and raylet are
 SIGKILLed together, so nothing unregisters the node; the GCS's own detector
 is set slow on purpose here (about a minute), so only the session's report
-(``coordinator.lost_nodes`` -> ``mark_dead`` -> the head agent's GCS probe)
+(``coordinator.allocations.lost_nodes`` -> ``mark_dead`` -> the head agent's GCS probe)
 can make the node DEAD within seconds. Both head layouts answer: a separate
 head agent, and the first allocation hosting the head. The figures are
 printed (run with ``-s``); no assert depends on them being small.
@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
-from elastic_ray.agent import gcs
+from elastic_ray.agent.node import gcs
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.session import Session
 from elastic_ray.scheduler.base import JobState

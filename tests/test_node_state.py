@@ -14,7 +14,7 @@ import re
 import pytest
 
 from elastic_ray.agent.machine import State
-from elastic_ray.protocol.records import (
+from elastic_ray.protocol.disk.records import (
     PROTOCOL_VERSION,
     AgentState,
     HostedHead,
@@ -209,7 +209,7 @@ def test_a_file_from_before_the_version_field_reads_as_version_one():
 def test_older_versions_pass_the_check_newer_ones_do_not(monkeypatch):
     # Only protocol 1 exists so far; pretend this code speaks 3 to see an
     # older record accepted by the shared check.
-    import elastic_ray.protocol.records as records
+    import elastic_ray.protocol.disk.records as records
 
     monkeypatch.setattr(records, "PROTOCOL_VERSION", 3)
     assert [check_protocol_version({"protocol_version": v}) for v in (1, 2, 3)] == [1, 2, 3]

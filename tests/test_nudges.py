@@ -1,4 +1,4 @@
-"""The head-moved nudges: in the background, several at once, bounded (coordinator.nudges)."""
+"""The head-moved nudges: in the background, several at once, bounded (coordinator.head.nudges)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import contextlib
 import threading
 import time
 
-from elastic_ray.coordinator import nudges
-from elastic_ray.protocol.channel import ControlError
+from elastic_ray.coordinator.head import nudges
+from elastic_ray.protocol.wire.channel import ControlError
 
 
 class _Agents:

@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 import pytest
 
-from elastic_ray.coordinator.ownership import (
+from elastic_ray.coordinator.allocations.ownership import (
     IN_FLIGHT,
     WATCH,
     adopt_after_failure,
@@ -24,7 +24,7 @@ from elastic_ray.coordinator.ownership import (
     session_jobs,
     teardown_targets,
 )
-from elastic_ray.protocol.records import AllocationRecord, SubmissionIntent, WorkerRecord
+from elastic_ray.protocol.disk.records import AllocationRecord, SubmissionIntent, WorkerRecord
 from elastic_ray.scheduler.base import JobInfo, JobState
 
 NOW = 1_700_000_000.0

@@ -17,19 +17,30 @@ from dataclasses import replace
 
 import pytest
 
-from elastic_ray.coordinator import failover as failover_mod
-from elastic_ray.coordinator import failures as fl
-from elastic_ray.coordinator import pacing
-from elastic_ray.coordinator.answers import SchedulerAnswer, SharedAnswers
-from elastic_ray.coordinator.claims import ClaimOutcome, election_claim
-from elastic_ray.coordinator.election import HeadCondition
-from elastic_ray.coordinator.failover import Failover
-from elastic_ray.coordinator.headwatch import HeadObservation
-from elastic_ray.coordinator.pacing import FailoverStep, SchedulerLooks, SessionLooks, failover_step
-from elastic_ray.coordinator.removal import agents_ended, removal_outcome
-from elastic_ray.coordinator import election
-from elastic_ray.protocol.records import AgentState, AllocationRecord, NodeState, SessionInfo, WorkerRecord
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.coordinator.head import failover as failover_mod
+from elastic_ray.coordinator.allocations import failures as fl
+from elastic_ray.coordinator.allocations import pacing
+from elastic_ray.coordinator.allocations.answers import SchedulerAnswer, SharedAnswers
+from elastic_ray.coordinator.head.claims import ClaimOutcome, election_claim
+from elastic_ray.coordinator.head.election import HeadCondition
+from elastic_ray.coordinator.head.failover import Failover
+from elastic_ray.coordinator.head.headwatch import HeadObservation
+from elastic_ray.coordinator.allocations.pacing import (
+    FailoverStep,
+    SchedulerLooks,
+    SessionLooks,
+    failover_step,
+)
+from elastic_ray.coordinator.allocations.removal import agents_ended, removal_outcome
+from elastic_ray.coordinator.head import election
+from elastic_ray.protocol.disk.records import (
+    AgentState,
+    AllocationRecord,
+    NodeState,
+    SessionInfo,
+    WorkerRecord,
+)
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobInfo, JobState
 
 

@@ -19,9 +19,9 @@ from types import SimpleNamespace
 import pytest
 
 from elastic_ray.coordinator.drivers import PayloadRun, drained_head_handed_over
-from elastic_ray.coordinator.headwatch import HeadObservation
+from elastic_ray.coordinator.head.headwatch import HeadObservation
 from elastic_ray.errors import SlurmAllocationEnded, SlurmStepDrained
-from elastic_ray.protocol.records import AllocationRecord
+from elastic_ray.protocol.disk.records import AllocationRecord
 from elastic_ray.scheduler.base import JobInfo, JobState
 
 # Notes SIGTERM in a file, then takes a moment to exit, as a Ray driver does.

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
-from elastic_ray.coordinator import election
+from elastic_ray.coordinator.head import election
 from elastic_ray.coordinator.session import Session
-from elastic_ray.protocol.records import AllocationRecord
+from elastic_ray.protocol.disk.records import AllocationRecord
 from elastic_ray.scheduler.base import JobInfo, JobState, Scheduler, state_text
 
 HEAD = SlurmRunAllocationConfig(partition="cpu", time_limit="60")

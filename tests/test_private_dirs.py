@@ -17,9 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from elastic_ray.agent import private_dirs, status as agent_status
-from elastic_ray.agent.local_ray import LocalRay, NodePlace
-from elastic_ray.agent.private_dirs import TempDirEntry, ensure_private_dir, stale_temp_dirs, sweep_temp_roots
+from elastic_ray.agent.node import private_dirs
+from elastic_ray.agent import status as agent_status
+from elastic_ray.agent.node.local_ray import LocalRay, NodePlace
+from elastic_ray.agent.node.private_dirs import (
+    TempDirEntry,
+    ensure_private_dir,
+    stale_temp_dirs,
+    sweep_temp_roots,
+)
 from elastic_ray.config import SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.errors import UnsafePathError

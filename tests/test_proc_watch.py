@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from elastic_ray.agent.proc_watch import ProcWatch, stat_fields
+from elastic_ray.agent.node.proc_watch import ProcWatch, stat_fields
 
 
 def _fake_stat(root, pid: int, comm: str, state: str, start: int) -> None:

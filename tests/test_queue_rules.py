@@ -209,8 +209,8 @@ def test_later_workers_inherit_from_the_first_worker_as_resolved():
     from elastic_ray.config import SlurmRunAllocationConfig
     from elastic_ray.config import SlurmWorkerAllocationConfig as W
     from elastic_ray.config import inherit_worker_config
-    from elastic_ray.coordinator.submit import first_worker_config
-    from elastic_ray.protocol.records import AllocationRecord, WorkerRecord
+    from elastic_ray.coordinator.allocations.submit import first_worker_config
+    from elastic_ray.protocol.disk.records import AllocationRecord, WorkerRecord
 
     head = SlurmRunAllocationConfig(partition="cpu", time_limit="60", mem="4G", account="proj")
     template = W(partition="gpu-a", gpus_per_node=2)

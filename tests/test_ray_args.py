@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_ray.agent.ray_args import (
+from elastic_ray.agent.node.ray_args import (
     AGENT_CONTROL_PORT,
     HASH_BLOCK_SIZE,
     HASH_OFFSETS,

@@ -13,8 +13,8 @@ import pytest
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.drivers import PayloadRun
 from elastic_ray.errors import ConfigError
-from elastic_ray.protocol.records import SessionInfo
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.records import SessionInfo
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from elastic_ray.ray_auth import (
     DISABLED_WARNING,
     REDIS_PASSWORD_WARNING,

@@ -28,10 +28,10 @@ import psutil
 import pytest
 
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
-from elastic_ray.agent.ray_memory import plan_memory
+from elastic_ray.agent.node.ray_memory import plan_memory
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.session import Session
-from elastic_ray.protocol.records import AgentState
+from elastic_ray.protocol.disk.records import AgentState
 from elastic_ray.ray_auth import derive_ray_token
 from tests.helpers import wait_until
 

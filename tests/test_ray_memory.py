@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_ray.agent.ray_memory import (
+from elastic_ray.agent.node.ray_memory import (
     CGROUP_UNLIMITED,
     GIB,
     HEAD_SHARE_MAX,

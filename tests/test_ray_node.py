@@ -21,10 +21,10 @@ import time
 import psutil
 import pytest
 
-from elastic_ray.agent import gcs
-from elastic_ray.agent.gcs import ProbeError, parse_answer, run_probe
-from elastic_ray.agent.ray_args import build_ray_start, choose_ports
-from elastic_ray.agent.ray_node import RayNode, free_port
+from elastic_ray.agent.node import gcs
+from elastic_ray.agent.node.gcs import ProbeError, parse_answer, run_probe
+from elastic_ray.agent.node.ray_args import build_ray_start, choose_ports
+from elastic_ray.agent.node.ray_node import RayNode, free_port
 from elastic_ray.config import SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
 from tests.helpers import stays, wait_until
@@ -207,7 +207,7 @@ def test_probe_cost():
     # `ready` against nothing: exercises the bounded connect, and needs no cluster.
     port = free_port("127.0.0.2")
     code = ("import resource, subprocess, sys, time; t = time.monotonic(); "
-            "r = subprocess.run([sys.executable, '-m', 'elastic_ray.agent.gcs_probe', 'ready', "
+            "r = subprocess.run([sys.executable, '-m', 'elastic_ray.agent.node.gcs_probe', 'ready', "
             f"'--address=127.0.0.2:{port}', '--timeout=3'], capture_output=True, text=True); "
             "print(round(time.monotonic() - t, 2), r.returncode, "
             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024, r.stdout.strip())")
@@ -222,8 +222,8 @@ def test_probe_cost():
 def test_agent_modules_do_not_import_ray():
     # VmHWM (peak RSS of this process image); ru_maxrss would carry over the
     # peak of the pytest process this child was forked from.
-    code = ("import sys; import elastic_ray.agent.gcs, elastic_ray.agent.ray_node, "
-            "elastic_ray.agent.ray_args; assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')]; "
+    code = ("import sys; import elastic_ray.agent.node.gcs, elastic_ray.agent.node.ray_node, "
+            "elastic_ray.agent.node.ray_args; assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')]; "
             "print([int(l.split()[1]) // 1024 for l in open('/proc/self/status') if l.startswith('VmHWM')][0])")
     rss = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert rss < 40, f"{rss} MB"

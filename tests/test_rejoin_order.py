@@ -1,4 +1,4 @@
-"""Who restarts Ray first after the head moved (agent.rejoin_order).
+"""Who restarts Ray first after the head moved (agent.head.rejoin_order).
 
 The decision (:func:`turn`) is pure and tried over every combination of its
 inputs; the waiting shell is run with a host that joins late, never, or at
@@ -14,9 +14,9 @@ from types import MappingProxyType
 
 import pytest
 
-from elastic_ray.agent.rejoin_order import ORDERS, RejoinTurn, host_in, read_boot_id, turn
-from elastic_ray.protocol.records import HeadEndpoint
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.agent.head.rejoin_order import ORDERS, RejoinTurn, host_in, read_boot_id, turn
+from elastic_ray.protocol.disk.records import HeadEndpoint
+from elastic_ray.protocol.disk.session_dir import SessionDir
 
 from tests.helpers import node_state
 from tests.test_session_dir import make_info

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from elastic_ray.config.launcher import RayLauncher
-from elastic_ray.coordinator import answers, pacing
-from elastic_ray.coordinator.answers import ANSWER_FILE, SchedulerAnswer, SharedAnswers
-from elastic_ray.coordinator.jobs import SessionJobs
-from elastic_ray.coordinator.pacing import SchedulerLooks, next_check_delay
-from elastic_ray.protocol.records import SessionInfo
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.coordinator.allocations import answers, pacing
+from elastic_ray.coordinator.allocations.answers import ANSWER_FILE, SchedulerAnswer, SharedAnswers
+from elastic_ray.coordinator.allocations.jobs import SessionJobs
+from elastic_ray.coordinator.allocations.pacing import SchedulerLooks, next_check_delay
+from elastic_ray.protocol.disk.records import SessionInfo
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobInfo, JobState
 
 

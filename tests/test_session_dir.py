@@ -18,16 +18,16 @@ import filelock
 import pytest
 
 from elastic_ray.errors import CorruptFileError, SessionDirError, UnsafePathError
-from elastic_ray.protocol import session_dir as session_dir_module
+from elastic_ray.protocol.disk import session_dir as session_dir_module
 from elastic_ray.atomic import atomic_write_json, read_json
-from elastic_ray.protocol.records import (
+from elastic_ray.protocol.disk.records import (
     AllocationRecord,
     ElectionClaim,
     HeadEndpoint,
     SessionInfo,
     WorkerRecord,
 )
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from tests.helpers import node_state
 
 
@@ -433,7 +433,7 @@ def test_record_json_is_readable_by_people(session):
 
 def test_a_worker_record_knows_whether_it_hosts_the_runs_head():
     """``hosts_run_head`` was added compatibly: records written before it read as False."""
-    from elastic_ray.protocol.records import WorkerRecord
+    from elastic_ray.protocol.disk.records import WorkerRecord
 
     added = WorkerRecord(job_id="7", config={"partition": "cpu"}, submitted_at=1.0)
     first = WorkerRecord(job_id="8", config={}, submitted_at=1.0, hosts_run_head=True)

@@ -22,7 +22,7 @@ import pytest
 from elastic_ray.agent import status as agent_status
 from elastic_ray.atomic import read_record
 from elastic_ray.errors import CorruptFileError
-from elastic_ray.protocol.records import (
+from elastic_ray.protocol.disk.records import (
     AllocationRecord,
     ElectionClaim,
     HeadEndpoint,
@@ -32,7 +32,7 @@ from elastic_ray.protocol.records import (
     SessionInfo,
     WorkerRecord,
 )
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from tests.helpers import node_state
 
 CASES_PER_KIND = 300

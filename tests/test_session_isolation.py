@@ -28,11 +28,11 @@ from click.testing import CliRunner
 from elastic_ray.cli.main import main
 from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
-from elastic_ray.coordinator import ownership
+from elastic_ray.coordinator.allocations import ownership
 from elastic_ray.coordinator.session import Session
 from elastic_ray.errors import SchedulerError
-from elastic_ray.protocol.records import AllocationRecord, SessionInfo, SubmissionIntent, WorkerRecord
-from elastic_ray.protocol.session_dir import SessionDir
+from elastic_ray.protocol.disk.records import AllocationRecord, SessionInfo, SubmissionIntent, WorkerRecord
+from elastic_ray.protocol.disk.session_dir import SessionDir
 from elastic_ray.scheduler.base import JobSpec, JobState, Scheduler
 from elastic_ray.scheduler.local import LocalScheduler
 from helpers import stays, wait_until

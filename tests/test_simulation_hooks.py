@@ -1,4 +1,4 @@
-"""The simulation hooks (agent/simulation.py): off by default, and when set the
+"""The simulation hooks (agent/node/simulation.py): off by default, and when set the
 agent runs the stand-ins of bench/standin/ exactly where it would run Ray."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from elastic_ray.agent import gcs, join, local_ray, simulation
-from elastic_ray.agent.ray_args import build_ray_start, default_ray_executable
-from elastic_ray.agent.ray_node import RayNode
+from elastic_ray.agent.node import gcs, join, local_ray, simulation
+from elastic_ray.agent.node.ray_args import build_ray_start, default_ray_executable
+from elastic_ray.agent.node.ray_node import RayNode
 from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
 

@@ -20,10 +20,10 @@ import pytest
 
 from elastic_ray.config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
-from elastic_ray.coordinator.jobs import SessionJobs
+from elastic_ray.coordinator.allocations.jobs import SessionJobs
 from elastic_ray.errors import SchedulerError
-from elastic_ray.protocol.records import SessionInfo, WorkerRecord
-from elastic_ray.protocol.session_dir import SessionDir as Dir
+from elastic_ray.protocol.disk.records import SessionInfo, WorkerRecord
+from elastic_ray.protocol.disk.session_dir import SessionDir as Dir
 from elastic_ray.scheduler.base import JobSpec, current_user
 from elastic_ray.scheduler.render import render_batch_script
 from elastic_ray.scheduler.slurm_parse import (

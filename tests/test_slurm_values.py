@@ -250,7 +250,8 @@ def test_memory_forms_refused(text):
 def test_every_part_uses_the_one_vocabulary():
     """The records, both schedulers, the renderer and the frames check with
     these functions, not with copies that could drift apart again."""
-    from elastic_ray.protocol import frames, records
+    from elastic_ray.protocol.wire import frames
+    from elastic_ray.protocol.disk import records
     from elastic_ray.scheduler import render, slurm, slurm_parse
     from elastic_ray.scheduler.local import record
 
@@ -267,7 +268,7 @@ def test_every_part_uses_the_one_vocabulary():
 
 @pytest.mark.parametrize("address", ["10.0.0.1:\u0666\u0663\u0667\u0669", "10.0.0.1:6379\n", "10.0.0.1:\uff16379"])
 def test_a_head_endpoint_port_is_ascii_digits(address):
-    from elastic_ray.protocol.records import HeadEndpoint
+    from elastic_ray.protocol.disk.records import HeadEndpoint
 
     good = {"job_id": "7", "host": "n1", "address": "10.0.0.1:6379", "ray_version": "2.0",
             "started_at": 1.0, "ports": {"gcs": 6379}}

@@ -1,4 +1,4 @@
-"""When an agent whose node lost its slurmd leaves (``agent.slurmd_rules``): pure, table-tested.
+"""When an agent whose node lost its slurmd leaves (``agent.slurm.slurmd_rules``): pure, table-tested.
 
 The scene (issue 10): slurmd dies on a worker node, Slurm sets the node DOWN
 and requeues the job, and the agent must notice and leave without every
@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from elastic_ray.agent.machine import Context, Exit, Settings, ShutdownRequested, State, StopRay, step
-from elastic_ray.agent.slurmd_rules import (
+from elastic_ray.agent.slurm.slurmd_rules import (
     ASK_DELAYS,
     ASK_GRACE,
     DEFAULT_SLURMD_PORT,

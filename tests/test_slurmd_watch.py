@@ -1,4 +1,4 @@
-"""The effects of the slurmd check (``agent.slurmd_watch``): the listener probe
+"""The effects of the slurmd check (``agent.slurm.slurmd_watch``): the listener probe
 against real sockets, and the watch driven through an outage with a fake
 clock, probe and scheduler (the real scenario, slurmd killed on a lab node,
 is ``integration/test_agent_slurm.py::test_agent_leaves_when_slurmd_dies_and_the_job_is_requeued``)."""
@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from elastic_ray.agent.machine import ShutdownRequested
-from elastic_ray.agent.slurmd_rules import SlurmdConf
-from elastic_ray.agent.slurmd_watch import (
+from elastic_ray.agent.slurm.slurmd_rules import SlurmdConf
+from elastic_ray.agent.slurm.slurmd_watch import (
     CHECK_ENV,
     PORT_ENV,
     UNSEEN_LIMIT,
@@ -316,7 +316,7 @@ def test_an_off_watch_logs_why_and_does_nothing():
 def test_for_agent_wires_the_real_probe_and_one_scheduler_lookup(tmp_path, monkeypatch):
     """A real listener stands in for slurmd; the scheduler lookup is the one the
     agent makes (its session's job name, its own job id), answered here."""
-    import elastic_ray.agent.slurmd_watch as watch_module
+    import elastic_ray.agent.slurm.slurmd_watch as watch_module
 
     asked: list[tuple] = []
 

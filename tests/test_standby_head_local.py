@@ -26,7 +26,7 @@ import pytest
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.session import Session
-from elastic_ray.protocol.records import AgentState, HostedHeadState
+from elastic_ray.protocol.disk.records import AgentState, HostedHeadState
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]

@@ -1,4 +1,4 @@
-"""Where the warm standby head goes (``coordinator.standby``), as tables.
+"""Where the warm standby head goes (``coordinator.head.standby``), as tables.
 
 The plan is pure: a record, a scheduler answer, the agents' published node
 states and the launcher in; the allocation to place a standby on and those
@@ -14,11 +14,23 @@ from types import MappingProxyType
 import pytest
 
 from elastic_ray.config.launcher import RayLauncher
-from elastic_ray.coordinator import standby
-from elastic_ray.coordinator.standby import RECHECK_SOON, StandbyKeeper, StandbyPlan, first_node, standby_plan
+from elastic_ray.coordinator.head import standby
+from elastic_ray.coordinator.head.standby import (
+    RECHECK_SOON,
+    StandbyKeeper,
+    StandbyPlan,
+    first_node,
+    standby_plan,
+)
 from elastic_ray.errors import ConfigError
-from elastic_ray.protocol.channel import ControlError
-from elastic_ray.protocol.records import AllocationRecord, ElectionClaim, HostedHead, HostedHeadState, WorkerRecord
+from elastic_ray.protocol.wire.channel import ControlError
+from elastic_ray.protocol.disk.records import (
+    AllocationRecord,
+    ElectionClaim,
+    HostedHead,
+    HostedHeadState,
+    WorkerRecord,
+)
 from elastic_ray.scheduler.base import JobInfo, JobState
 from tests.helpers import node_state
 
@@ -168,7 +180,7 @@ def test_standby_plan(record, answer, published, launcher, expected):
 
 def test_the_plan_sits_on_the_elections_pick():
     """Whatever the plan targets is what choose_head would host on, if the head were lost now."""
-    from elastic_ray.coordinator.election import HostOnWorker, choose_head
+    from elastic_ray.coordinator.head.election import HostOnWorker, choose_head
     for case in CASES:
         record, answer, published, launcher, expected = case.values
         got = plan(record, answer, published, launcher)

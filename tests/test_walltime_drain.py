@@ -1,15 +1,21 @@
 """The seed's hand-over timing, as tables: when a head drains itself ahead of
-its walltime (``agent.walltime``) and what that drain does to the node's
+its walltime (``agent.slurm.walltime``) and what that drain does to the node's
 machines. A head with a pre-walltime signal never drains early: its signal
-is its hand-over (``agent.signal_drain``)."""
+is its hand-over (``agent.slurm.signal_drain``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from elastic_ray.agent import hosted, machine
+from elastic_ray.agent.head import hosted
+from elastic_ray.agent import machine
 from elastic_ray.agent.machine import WALLTIME_MARGIN, DrainRay, DrainRequested, Settings, State
-from elastic_ray.agent.walltime import DEFAULT_HEAD_DRAIN_LEAD, WalltimeFacts, serves_head, walltime_drain
+from elastic_ray.agent.slurm.walltime import (
+    DEFAULT_HEAD_DRAIN_LEAD,
+    WalltimeFacts,
+    serves_head,
+    walltime_drain,
+)
 
 NOW = 1_000_000.0
 LEAD = DEFAULT_HEAD_DRAIN_LEAD

@@ -1,6 +1,6 @@
-"""Stand-in for ``python -m elastic_ray.agent.gcs_probe``, for simulations only.
+"""Stand-in for ``python -m elastic_ray.agent.node.gcs_probe``, for simulations only.
 
-Named by ``ELASTIC_RAY_GCS_PROBE`` (see ``elastic_ray/agent/simulation.py``)
+Named by ``ELASTIC_RAY_GCS_PROBE`` (see ``elastic_ray/agent/node/simulation.py``)
 next to the stand-in ``ray`` of this folder, where no GCS runs. It answers
 every op the way a healthy GCS would (one JSON line, exit 0) without
 importing Ray: ``ready`` answers, ``mark-dead`` marks every id it is given,

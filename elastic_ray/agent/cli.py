@@ -19,11 +19,11 @@ from ..errors import ElasticRayError
 
 
 def node_address(session_dir: Path, node: str) -> str:
-    """This node's address from the run's launcher (see :mod:`.node_address`);
+    """This node's address from the run's launcher (see :mod:`agent.node.node_address`);
     a one-line error naming the node and what failed when it cannot."""
     from ..config.launcher import RayLauncher
-    from ..protocol.session_dir import SessionDir
-    from .node_address import resolve_node_address
+    from ..protocol.disk.session_dir import SessionDir
+    from .node.node_address import resolve_node_address
 
     try:
         launcher = RayLauncher.from_dict(SessionDir.open(session_dir).info().launcher)
@@ -65,7 +65,7 @@ def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str 
         node_index: int, poll_interval: float, head_lost_after: float, backoff_base: float,
         start_timeout: float, head_drain_lead: float, rejoin_order: str) -> None:
     """Run the agent of one node (started by the batch script through srun)."""
-    from ..protocol.records import check_job_id
+    from ..protocol.disk.records import check_job_id
     from .runner import Agent, AgentOptions
 
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..atomic import read_json
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
-from ..protocol.records import SessionInfo
+from ..protocol.disk.records import SessionInfo
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class AgentOptions:
     backoff_max: float = 60.0
     start_timeout: float = 120.0
     head_drain_lead: float = 300.0  # a head without a pre-walltime signal drains this long before its walltime
-    rejoin_order: str = "host-first"  # who restarts Ray first after the head moved: agent.rejoin_order
+    rejoin_order: str = "host-first"  # who restarts Ray first after the head moved: agent.head.rejoin_order
 
 
 def hosts_head_at_start(options: AgentOptions) -> bool:

@@ -2,14 +2,14 @@
 
 Kept apart from the event loop (``agent.runner``), which hands each
 authenticated request here: what a request *does* is decided by the
-machines (``agent.machine`` for the node, ``agent.hosted`` for a hosted or
+machines (``agent.machine`` for the node, ``agent.head.hosted`` for a hosted or
 standby head); this table only says which of them is asked. Runs on the
 event loop, like every handler it calls.
 
 Kinds: ``status``; ``drain`` and ``shutdown`` (the node's machine);
 ``follow`` (read the head pointer now); ``host_head``, ``standby_head`` and
 ``drop_standby`` (the hosted head's machine); ``mark_dead``
-(``agent.node_gone``).
+(``agent.head.node_gone``).
 """
 
 from __future__ import annotations

@@ -6,18 +6,18 @@ with a timeout that is the time to the next timer, so an idle agent sleeps.
 A second thread carries out slow actions (start Ray and wait for it to join,
 drain through a GCS probe, stop Ray) in order, and posts their outcome back
 as events. Decisions stay in the machines (``agent.machine`` for the node,
-``agent.hosted`` for a hosted head and its hand-over, ``agent.head_watch``
+``agent.head.hosted`` for a hosted head and its hand-over, ``agent.head.head_watch``
 for the followed head); this module only observes and acts. Its helpers:
-``agent.following`` (the head pointer and heartbeat), ``agent.hosted_head``,
+``agent.head.following`` (the head pointer and heartbeat), ``agent.head.hosted_head``,
 ``agent.requests`` (which machine answers which control request),
-``agent.local_ray`` (this agent's Ray processes) and ``agent.join``.
+``agent.node.local_ray`` (this agent's Ray processes) and ``agent.node.join``.
 
 Threads and what they share:
 
 - the event loop (the main thread) owns the machine's context ``ctx``,
   ``transitions``, ``_signals`` (signal handlers run on it), ``_exit_code``,
-  the loop's deadlines (``wakeups.LoopClock``), the heartbeat socket (``agent.publishing``) and the
-  followed head's watch (``agent.following``); only the loop writes the status;
+  the loop's deadlines (``wakeups.LoopClock``), the heartbeat socket (``agent.head.publishing``) and the
+  followed head's watch (``agent.head.following``); only the loop writes the status;
 - ``agent-effects`` runs the queued slow actions in order; it and the other helper
   threads (``agent-signal``, ``agent-ask-head``, ``agent-head-probe``, ``agent-slurmd-job``)
   hand their results to the loop through ``_events`` (machine events, or callables the
@@ -25,12 +25,12 @@ Threads and what they share:
   is ``_status_soon`` (a ``threading.Event``: the hosted-head thread asks for a prompt status);
 - ``agent-prune`` (``agent.status``) deletes long-exited agents' status files and shares nothing;
 - the Ray nodes and their generation are guarded by ``LocalRay.lock``
-  (``agent.local_ray``); the hosted head's record by ``HostedHead._lock``
-  (``agent.hosted_head``).
+  (``agent.node.local_ray``); the hosted head's record by ``HostedHead._lock``
+  (``agent.head.hosted_head``).
 
 The agent never imports Ray: that alone would cost 75 MB of resident
 memory, more than an idle agent may use. GCS operations run in a
-short-lived probe process (``agent.gcs``).
+short-lived probe process (``agent.node.gcs``).
 """
 
 from __future__ import annotations
@@ -50,18 +50,19 @@ import zmq
 
 from ..config.launcher import RayLauncher
 from ..errors import UnsafePathError
-from ..protocol.channel import ControlServer
-from ..protocol.records import AgentState, NodeState, RequestCounts, Transition
-from ..protocol.records import HostedHead as HostedHeadRecord
-from ..protocol.session_dir import SessionDir
+from ..protocol.wire.channel import ControlServer
+from ..protocol.disk.records import AgentState, NodeState, RequestCounts, Transition
+from ..protocol.disk.records import HostedHead as HostedHeadRecord
+from ..protocol.disk.session_dir import SessionDir
 from ..ray_auth import apply_auth_env, launcher_warnings
-from . import join, requests, wakeups
-from .following import HeadFollower
-from .hosted import HostSettings
-from .hosted_head import HostedHead
+from .node import join
+from . import requests, wakeups
+from .head.following import HeadFollower
+from .head.hosted import HostSettings
+from .head.hosted_head import HostedHead
 from .limits import raise_nofile_limit
-from .local_ray import LocalRay, NodePlace, RayHandle
-from .node_gone import GoneReporter, MarkDeadService
+from .node.local_ray import LocalRay, NodePlace, RayHandle
+from .head.node_gone import GoneReporter, MarkDeadService
 from .options import AgentOptions, hosts_head_at_start, load_allocation
 from .machine import (
     Context,
@@ -78,13 +79,13 @@ from .machine import (
     initial,
     step,
 )
-from .publishing import WRITE_RETRY_SECONDS, HeadPublishing, NodeFile
-from .rejoin_order import RejoinTurn, host_in
-from .signal_drain import DRAIN_SIGNALS, WalltimeWatch, drain_for_signal
-from .slurmd_watch import SlurmdWatch
-from .private_dirs import ensure_private_dir
+from .head.publishing import WRITE_RETRY_SECONDS, HeadPublishing, NodeFile
+from .head.rejoin_order import RejoinTurn, host_in
+from .slurm.signal_drain import DRAIN_SIGNALS, WalltimeWatch, drain_for_signal
+from .slurm.slurmd_watch import SlurmdWatch
+from .node.private_dirs import ensure_private_dir
 from .status import REFRESH_SECONDS, STATUS_SLACK, prune_in_background, status_path, write_status
-from .walltime import serves_head
+from .slurm.walltime import serves_head
 
 log = logging.getLogger("elastic_ray.agent")
 
@@ -416,7 +417,7 @@ class Agent:
     def _start_ray(self, head_address: str | None, generation: int, head_job: str | None = None) -> None:
         role = "head" if self.o.role == "head" else "worker"
         if role == "worker" and not self.rejoin.wait(head_job, lambda: self.local.current(generation)):
-            return  # superseded while it waited its turn (agent.rejoin_order)
+            return  # superseded while it waited its turn (agent.head.rejoin_order)
         own_head = role == "worker" and head_job == self.o.job_id
         if own_head and not join.hosted_head_registered(self.local, generation, self._log):
             return  # superseded while it waited for the head this node hosts

@@ -27,8 +27,8 @@ import psutil
 
 from ..atomic import atomic_write_json, read_record
 from ..errors import CorruptFileError, UnsafePathError
-from ..protocol.records import AgentState, HostedHeadState, NodeState
-from .private_dirs import ensure_private_dir, user_runtime_dir
+from ..protocol.disk.records import AgentState, HostedHeadState, NodeState
+from .node.private_dirs import ensure_private_dir, user_runtime_dir
 
 # An agent rewrites its file at least this often while it runs (and at
 # every state change); a live PID with a file older than HUNG_AFTER_SECONDS

@@ -10,7 +10,7 @@ sent, the pointer read), instead of on a wakeup of its own. An idle head
 then wakes about once a second (its own heartbeat, the pointer read riding
 on it); an idle worker about once a second too (the pointer read), since
 it does not wake per heartbeat: it takes the queued beats then
-(``agent.following.wake_socket``).
+(``agent.head.following.wake_socket``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``elastic-ray render``: the batch scripts a session file would submit. Pure.
 
 Builds the same job specs ``Session.create`` and ``add_worker_allocation``
-build (``coordinator.submit``), with the same inheritance
+build (``coordinator.allocations.submit``), with the same inheritance
 (``config.inherit_worker_config``), but writes nothing: the session
 directory is only named, and each worker's spec file is shown by the name
 it would get, not written.
@@ -16,8 +16,8 @@ from pathlib import Path
 from ..config import SlurmWorkerAllocationConfig, inherit_worker_config, resolve_separate_head_config
 from ..config.launcher import RayLauncher
 from ..config.session_file import SessionFile
-from ..coordinator import submit
-from ..protocol.session_dir import SessionDir
+from ..coordinator.allocations import submit
+from ..protocol.disk.session_dir import SessionDir
 from ..scheduler.render import render_batch_script
 
 

@@ -22,13 +22,13 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from ..coordinator.pacing import STATUS_MAX_AGE, watch_max_age
+from ..coordinator.allocations.pacing import STATUS_MAX_AGE, watch_max_age
 from ..coordinator.session import Session
 from ..errors import ElasticRayError, TeardownIncomplete
 from ..polling import wait_for
-from ..protocol.records import is_job_id
-from ..protocol.recovery import describe
-from ..protocol.session_dir import SessionDir
+from ..protocol.disk.records import is_job_id
+from ..protocol.disk.recovery import describe
+from ..protocol.disk.session_dir import SessionDir
 from ..scheduler.base import Scheduler
 from .options import OptionError, parse_ray_resources, worker_config
 from .output import (JSON_OPTION, JsonCommand, Progress, _err, _out, echo_json, failures_as_click, one_line,

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..coordinator.failures import failures_of
-from ..coordinator.headwatch import HeadObservation
-from ..protocol.records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, WorkerRecord
+from ..coordinator.allocations.failures import failures_of
+from ..coordinator.head.headwatch import HeadObservation
+from ..protocol.disk.records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, WorkerRecord
 from ..scheduler.base import JobInfo, JobState
 
 # An agent rewrites its node file in the session directory at every state

@@ -40,7 +40,7 @@ from ..errors import ElasticRayError, SlurmAllocationEnded, SlurmStepDrained
 from ..polling import wait_for
 from ..ray_auth import apply_auth_env
 from ..scheduler.base import JobState
-from .pacing import watch_max_age
+from .allocations.pacing import watch_max_age
 from .ports import DriverSession, HeadRef
 
 log = logging.getLogger("elastic_ray.coordinator")

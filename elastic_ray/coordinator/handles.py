@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import SlurmWorkerAllocationConfig
-from .failures import AllocationFailure, failure_of
+from .allocations.failures import AllocationFailure, failure_of
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class WorkerAllocation:
     @property
     def failure(self) -> AllocationFailure | None:
         """How the job ended without the session asking, once a query of any
-        process recorded it (see :mod:`.failures`); None while it has not."""
+        process recorded it (see :mod:`coordinator.allocations.failures`); None while it has not."""
         rec = self.session.record().workers.get(self.job_id)
         return None if rec is None else failure_of(rec)
 

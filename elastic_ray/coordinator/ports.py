@@ -15,13 +15,13 @@ from typing import Protocol
 
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
-from ..protocol.channel import ControlClient
-from ..protocol.records import AllocationRecord, NodeState, SessionInfo
-from ..protocol.session_dir import SessionDir
+from ..protocol.wire.channel import ControlClient
+from ..protocol.disk.records import AllocationRecord, NodeState, SessionInfo
+from ..protocol.disk.session_dir import SessionDir
 from ..scheduler.base import JobInfo, Scheduler
-from .claims import ClaimOutcome
-from .election import HeadAssessment
-from .headwatch import HeadObservation
+from .head.claims import ClaimOutcome
+from .head.election import HeadAssessment
+from .head.headwatch import HeadObservation
 
 
 class JobRef(Protocol):
@@ -102,7 +102,7 @@ class AgentAsker(Protocol):
 
 
 class ElectingSession(SupervisedSession, Protocol):
-    """What :class:`.failover.Failover` needs to carry out an election."""
+    """What :class:`coordinator.head.failover.Failover` needs to carry out an election."""
 
     claim_period: float  # how long the election claim lasts unless renewed
     @property

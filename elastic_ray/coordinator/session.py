@@ -5,8 +5,8 @@ time (the supervisor, every payload step, a CLI in another shell): all
 shared state lives in the session directory, changed under its lock, and
 Slurm is asked about all of the session's jobs in one query per poll.
 A session's jobs are the ids it recorded, of the user who submitted them
-(see :mod:`.ownership`); submitting, querying and cancelling go through
-:class:`.jobs.SessionJobs`.
+(see :mod:`coordinator.allocations.ownership`); submitting, querying and cancelling go through
+:class:`coordinator.allocations.jobs.SessionJobs`.
 """
 
 from __future__ import annotations
@@ -31,23 +31,23 @@ from ..errors import AllocationFailed, ConfigError, SlurmAllocationEnded
 from ..config.launcher import RayLauncher
 from ..config.scheduler_choice import scheduler_kind
 from ..polling import wait_for
-from ..protocol.channel import ControlClient, ControlError
-from ..protocol.records import AgentState, NodeState
-from ..protocol.records import AllocationRecord, SessionInfo, WorkerRecord, check_job_name
-from ..protocol.session_dir import SessionDir
+from ..protocol.wire.channel import ControlClient, ControlError
+from ..protocol.disk.records import AgentState, AllocationRecord, NodeState, SessionInfo, WorkerRecord, check_job_name
+from ..protocol.disk.session_dir import SessionDir
 from ..ray_auth import launcher_warnings
 from ..scheduler.base import JobInfo, Scheduler, current_user, state_text
 from ..scheduler.factory import make_scheduler
-from . import election, failures, removal, standby, submit
-from .claims import ClaimOutcome, election_claim
+from .head import election, standby
+from .allocations import failures, removal, submit
+from .head.claims import ClaimOutcome, election_claim
 from .drivers import PayloadRun
-from .failover import CONTROL_TIMEOUT, HEAD_START_GRACE, Failover
-from .jobs import RecordAs, SessionJobs
-from .lost_nodes import LostNodeReporter
-from .pacing import SchedulerLooks
+from .head.failover import CONTROL_TIMEOUT, HEAD_START_GRACE, Failover
+from .allocations.jobs import RecordAs, SessionJobs
+from .allocations.lost_nodes import LostNodeReporter
+from .allocations.pacing import SchedulerLooks
 from .handles import Head, WorkerAllocation, log_tail
-from .headwatch import HeadObservation, HeadWatch
-from .supervise import HeadSupervisor
+from .head.headwatch import HeadObservation, HeadWatch
+from .head.supervise import HeadSupervisor
 
 log = logging.getLogger("elastic_ray.coordinator")
 
@@ -213,8 +213,8 @@ class Session:
 
     def query(self, extra: list[str] | None = None, max_age: float = 0.0) -> dict[str, JobInfo]:
         """Every job of the session (the recorded ids and ``extra``) in one
-        scheduler call; a stray it shows is cancelled (see :mod:`.ownership`),
-        a worker allocation that ended unasked is recorded (see :mod:`.failures`); ``max_age`` > 0 accepts the shared answer (:mod:`.answers`)."""
+        scheduler call; a stray it shows is cancelled (see :mod:`coordinator.allocations.ownership`),
+        a worker allocation that ended unasked is recorded (see :mod:`coordinator.allocations.failures`); ``max_age`` > 0 accepts the shared answer (:mod:`coordinator.allocations.answers`)."""
         rec = self.record()
         self.failure_watch.observe(rec, jobs := self.jobs.query(rec, extra or (), max_age))
         return jobs
@@ -313,7 +313,7 @@ class Session:
         """Submit a worker allocation; returns on submission, not on start.
 
         ``resubmit_on_failure=N`` keeps its capacity: a job that ends on its
-        own (see :data:`.failures.RESUBMIT_ON`) is submitted again with the same
+        own (see :data:`coordinator.allocations.failures.RESUBMIT_ON`) is submitted again with the same
         config by one process of the run, N times at most; ``replaced_by`` on
         the handle names the replacement.
         """
@@ -434,7 +434,7 @@ class Session:
 
     def election_claim(self, claimant: str) -> AbstractContextManager[ClaimOutcome]:
         """Take the session's one election claim for a ``with`` block (see
-        :func:`.claims.election_claim`), for this session's claim period."""
+        :func:`coordinator.head.claims.election_claim`), for this session's claim period."""
         return election_claim(self.dir, claimant, self.claim_period)
 
     def note_head_started(self, job_id: str) -> None:
@@ -471,7 +471,7 @@ class Session:
 
         With ``wait=False`` it returns at once (the drain goes on) with the
         state at that moment. The wait ends when the agents publish their
-        end or the scheduler says the job ended (see :mod:`.removal`).
+        end or the scheduler says the job ended (see :mod:`coordinator.allocations.removal`).
         """
         job_id = handle.job_id if isinstance(handle, WorkerAllocation) else handle
         return removal.remove_worker_allocation(self, job_id, drain_timeout, wait, progress)

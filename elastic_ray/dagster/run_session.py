@@ -25,7 +25,7 @@ from filelock import FileLock
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
 from ..config.queue import RunLayout, SlurmQueue, resolve_worker_allocation
-from ..coordinator import ready
+from ..coordinator.head import ready
 from ..coordinator.session import Head, Session, WorkerAllocation
 
 log = logging.getLogger("elastic_ray.dagster")
@@ -128,7 +128,7 @@ class RunSession:
         return self.session.replace_head(timeout=timeout)
 
     def ready_head(self, timeout: float = 3600.0) -> Head:
-        """The current head once it is healthy (see :func:`..coordinator.ready.ready_head`)."""
+        """The current head once it is healthy (see :func:`..coordinator.head.ready.ready_head`)."""
         if isinstance(self.session, Session):
             return ready.ready_head(self.session, timeout)
         return self.session.ready_head(timeout)

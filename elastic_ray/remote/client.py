@@ -32,7 +32,7 @@ from ..coordinator.detached import ABANDON_AFTER
 from ..coordinator.drivers import RunResult
 from ..coordinator.handles import Head, WorkerAllocation
 from ..errors import ConfigError
-from ..protocol.records import AllocationRecord, SessionInfo
+from ..protocol.disk.records import AllocationRecord, SessionInfo
 from . import wire
 from .ssh import SSH_FAILED, SshConnection, SshError, SshTarget
 

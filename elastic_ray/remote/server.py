@@ -174,13 +174,13 @@ def op_replace_head(args: Mapping[str, Any], reply: Reply) -> Any:
 
 
 def op_ready_head(args: Mapping[str, Any], reply: Reply) -> Any:
-    from ..coordinator.ready import ready_head
+    from ..coordinator.head.ready import ready_head
 
     return _head(ready_head(_session(args), float(args.get("timeout", 3600.0)), progress=reply.progress))
 
 
 def op_head_is_lost(args: Mapping[str, Any], reply: Reply) -> Any:
-    from ..coordinator.ready import head_is_lost
+    from ..coordinator.head.ready import head_is_lost
 
     return head_is_lost(_session(args))
 

@@ -39,7 +39,7 @@ from elastic_ray import Session, SlurmAllocationEnded, SlurmRunAllocationConfig,
 from elastic_ray import SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.polling import wait_for
-from elastic_ray.protocol.records import AgentState
+from elastic_ray.protocol.disk.records import AgentState
 
 from . import lab_ops
 

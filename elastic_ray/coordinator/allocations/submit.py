@@ -1,0 +1,97 @@
+"""Turn a session's configs into the JobSpecs that launch the agents.
+
+Pure apart from writing the worker spec file: what runs on each node is
+``python -m elastic_ray.agent run --session DIR --role ROLE [--spec FILE]``
+with the launcher's ``python_executable``, else the interpreter of this very
+environment (the session directory and the environment are on a filesystem
+every node sees), so a batch script never depends on what PATH holds on a
+compute node.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from ...config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from ...config.launcher import RayLauncher
+from ...atomic import atomic_write_json
+from ...protocol.disk.records import AllocationRecord
+from ...protocol.disk.session_dir import SessionDir
+from ...scheduler.base import JobSpec
+
+# Agent settings that tests (and impatient operators) may tune through the
+# environment of the process that submits; they are passed on to every node.
+AGENT_ENV_PREFIX = "ELASTIC_AGENT_"
+
+
+def agent_argv(session: SessionDir, role: str, spec: Path | None = None,
+               python: str | None = None) -> tuple[str, ...]:
+    argv = [python or sys.executable, "-m", "elastic_ray.agent", "run", "--session", str(session.path),
+            "--role", role]
+    if spec is not None:
+        argv += ["--spec", str(spec)]
+    return tuple(argv)
+
+
+def agent_env(launcher: RayLauncher, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The launcher's environment plus any ELASTIC_AGENT_* tuning of the caller."""
+    environ = os.environ if environ is None else environ
+    env = dict(launcher.env)
+    env.update({k: v for k, v in environ.items() if k.startswith(AGENT_ENV_PREFIX)})
+    return env
+
+
+def head_spec(session: SessionDir, job_name: str, head: SlurmRunAllocationConfig,
+              launcher: RayLauncher) -> JobSpec:
+    return JobSpec(job_name=job_name, role="head", allocation=head,
+                   node_argv=agent_argv(session, "head", python=launcher.python_executable),
+                   workdir=session.path, output=str(session.log_dir / "head-%j.out"),
+                   env=agent_env(launcher), pre_start_commands=launcher.pre_start_commands)
+
+
+def write_worker_spec(session: SessionDir, config: SlurmWorkerAllocationConfig, *,
+                      host_head: bool = False) -> Path:
+    """The worker's resolved config, written before submission so the agent
+    never races the coordinator's record of the job. ``host_head``: the
+    allocation's first node hosts the run's head from the start (the
+    default layout, where the run's first allocation hosts the head and
+    computes)."""
+    directory = session.path / "specs"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    path = directory / f"worker-{uuid.uuid4().hex[:12]}.json"
+    body: dict = {"config": config.to_dict()}
+    if host_head:
+        body["host_head"] = True
+    atomic_write_json(path, body, mode=0o644)
+    return path
+
+
+def worker_spec(session: SessionDir, job_name: str, config: SlurmWorkerAllocationConfig,
+                launcher: RayLauncher, spec_path: Path) -> JobSpec:
+    return JobSpec(job_name=job_name, role="worker", allocation=config,
+                   node_argv=agent_argv(session, "worker", spec_path, python=launcher.python_executable),
+                   workdir=session.path, output=str(session.log_dir / "worker-%j.out"), env=agent_env(launcher),
+                   pre_start_commands=launcher.pre_start_commands)
+
+
+def first_worker_config(record: AllocationRecord,
+                        template: Mapping | None) -> SlurmWorkerAllocationConfig | None:
+    """The session's first worker allocation AS RESOLVED, which later worker
+    allocations inherit from. Pure.
+
+    That is the earliest worker allocation in the record (its config was
+    resolved when it was submitted, so it carries what it took from the
+    head); before any was submitted, the session's worker template.
+    Inheriting from the raw template instead would lose what the first
+    worker inherited.
+    """
+    if record.workers:
+        earliest = min(record.workers, key=int)
+        return SlurmWorkerAllocationConfig.from_dict(record.workers[earliest].config)
+    if template is not None:
+        return SlurmWorkerAllocationConfig.from_dict(template)
+    return None

@@ -1,0 +1,8 @@
+"""The contract on disk: the session directory and its records.
+
+``records`` (the typed, versioned records), ``session_dir`` (every read and
+write of a session directory, the generation commit of ``allocation.json``),
+``recovery`` (whether a damaged record can be restored, pure) and
+``allocation_repair`` (restoring it), ``head_agent`` (where to reach the agent
+that serves a head, read from its files).
+"""
