@@ -18,7 +18,7 @@ from elastic_ray.config import (
     resolve_head_config,
 )
 from elastic_ray.errors import ConfigError
-from elastic_ray.config.slurm_values import format_slurm_time, parse_memory_mb, parse_slurm_time
+from elastic_ray.config.slurm_values import parse_memory_mb, parse_slurm_time
 
 # ----------------------------------------------------------------- accepted values
 
@@ -35,9 +35,17 @@ def test_slurm_time_forms(text, seconds):
     assert Run(time_limit=text).time_limit == text.strip()
 
 
+def _days_form(seconds: int) -> str:
+    """``seconds`` written in Slurm's ``D-HH:MM:SS`` form (what sacct and squeue print)."""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
 @pytest.mark.parametrize("seconds", [10, 60, 3600, 86400 + 61, 3 * 86400])
-def test_time_format_round_trip(seconds):
-    assert parse_slurm_time(format_slurm_time(seconds)) == seconds
+def test_the_days_form_parses_back_to_its_seconds(seconds):
+    assert parse_slurm_time(_days_form(seconds)) == seconds
 
 
 @pytest.mark.parametrize("text,mb", [("16G", 16384), ("200000M", 200000), ("512", 512), ("1T", 1048576),

@@ -58,18 +58,26 @@ def test_every_agent_gets_one_follow_for_the_new_head_and_the_caller_does_not_wa
 
 def test_an_agent_that_does_not_answer_costs_the_others_nothing():
     agents = _Agents(refuse=frozenset({"tcp://a:1"}))
-    nudges.nudge(["tcp://a:1", "tcp://b:1", "tcp://c:1"], "7", agents.control).join(timeout=5)
+    thread = nudges.nudge(["tcp://a:1", "tcp://b:1", "tcp://c:1"], "7", agents.control)
+    thread.join(timeout=5)
+    assert not thread.is_alive()
     assert sorted(e for e, _, _ in agents.got) == ["tcp://b:1", "tcp://c:1"]
 
 
 def test_nudges_not_sent_by_the_deadline_are_dropped():
     agents = _Agents(delay=0.3)
     t0 = time.monotonic()
-    nudges.nudge([f"tcp://x:{i}" for i in range(20)], "7", agents.control, parallel=2, deadline=0.5).join(timeout=5)
+    thread = nudges.nudge([f"tcp://x:{i}" for i in range(20)], "7", agents.control, parallel=2, deadline=0.5)
+    thread.join(timeout=5)
     took = time.monotonic() - t0
+    assert not thread.is_alive()
     assert took < 2.0
     assert 0 < len(agents.got) < 20
 
 
 def test_no_agents_no_work():
-    nudges.nudge([], "7", _Agents().control).join(timeout=1)
+    agents = _Agents()
+    thread = nudges.nudge([], "7", agents.control)
+    thread.join(timeout=1)
+    assert not thread.is_alive()
+    assert agents.got == [] and agents.most_in_flight == 0

@@ -71,16 +71,6 @@ def parse_slurm_time(text: str) -> int | None:
     raise ValueError("not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED)")
 
 
-def format_slurm_time(seconds: int | None) -> str:
-    """Inverse of :func:`parse_slurm_time` in the ``D-HH:MM:SS`` form."""
-    if seconds is None:
-        return "UNLIMITED"
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
-
-
 # re.ASCII also keeps IGNORECASE from folding the Kelvin sign (U+212A) into K.
 _MEMORY = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE | re.ASCII)
 _MEMORY_FACTOR_MB = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}

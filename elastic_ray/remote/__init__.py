@@ -2,8 +2,9 @@
 
 The client (:class:`RemoteSession`) runs anywhere with an OpenSSH client;
 each call is one remote command on a host of the cluster
-(:mod:`.server`), and a detached cluster-side process (:mod:`.supervisor`)
-keeps watching the head when the client goes away.
+(:mod:`.server`), and a detached cluster-side process
+(:mod:`elastic_ray.coordinator.detached`) keeps watching the head when the
+client goes away.
 """
 
 from .client import RemoteRun, RemoteSession

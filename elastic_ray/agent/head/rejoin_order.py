@@ -35,7 +35,6 @@ from ...protocol.disk.records import AgentState
 from ...protocol.disk.session_dir import SessionDir
 
 ORDERS = ("host-first", "all")
-DEFAULT_ORDER = "host-first"
 #: The longest a worker waits for the hosting node's worker before starting
 #: anyway (a host whose worker is slow or broken must not hold the others).
 MAX_WAIT = 4.0

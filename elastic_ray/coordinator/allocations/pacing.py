@@ -31,8 +31,6 @@ PENDING_FIRST = 2.0
 PENDING_FACTOR = 2.0
 PENDING_MAX = 30.0
 ACTIVE_EVERY = 10.0
-#: the old pace, kept when sharing is switched off
-OLD_POLL = 0.5
 #: after a removal's own drain or cancel: soon, then less often (its agents' end is the fast path)
 REMOVAL_FIRST = 0.5
 
