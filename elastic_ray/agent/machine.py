@@ -24,9 +24,9 @@ coordinator elects one, the agent does not restart it).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field, replace
 
+from ..protocol.disk.records import AgentState
 from ..scheduler.base import JobState
 
 # Slurm may deliver the pre-walltime warning up to 30 s early; the drain is
@@ -37,21 +37,9 @@ WALLTIME_MARGIN = 15.0
 ENDING_GRACE = 3.0
 
 
-class State(str, enum.Enum):
-    WAITING_FOR_HEAD = "WAITING_FOR_HEAD"
-    STARTING = "STARTING"
-    JOINED = "JOINED"
-    RESTART_BACKOFF = "RESTART_BACKOFF"
-    GAVE_UP = "GAVE_UP"            # stays out until the allocation follows another head
-    FOLLOWING = "FOLLOWING"        # leaving the old head, joining the new one
-    DRAINING = "DRAINING"
-    LEFT = "LEFT"                  # terminal: drained or shut down
-    RELEASED = "RELEASED"          # terminal: no live head for rejoin_timeout
-    FAILED = "FAILED"              # terminal: a head whose Ray stopped
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (State.LEFT, State.RELEASED, State.FAILED)
+#: The node's states are the protocol's: one enum, written to the node file
+#: and the status answer as they are, read back by the coordinator the same way.
+State = AgentState
 
 
 # ------------------------------------------------------------------ events

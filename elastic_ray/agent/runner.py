@@ -456,7 +456,7 @@ class Agent:
         return NodeState(
             session=str(self.session.path), job_id=self.o.job_id, node=self.o.node,
             node_ip=self.o.node_ip, node_index=self.o.node_index, role=self.o.role,
-            state=AgentState(c.state.value), reason=c.reason, since=c.since,
+            state=c.state, reason=c.reason, since=c.since,
             head_job=c.head_job, head_address=c.head_address, node_id=c.node_id,
             ports=dict(handle.ports) if handle else {},
             ray_pid=handle.node.pid if handle else None, raylet_pid=raylet.pid if raylet else None,

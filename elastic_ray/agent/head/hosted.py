@@ -45,14 +45,12 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ...protocol.disk.records import HostedHeadState
 from ..machine import ENDING_GRACE, Exit, State
 
 
-class HostedState(str, enum.Enum):
-    STARTING = "STARTING"
-    STANDBY = "STANDBY"
-    READY = "READY"
-    FAILED = "FAILED"
+#: The hosted head's states are the protocol's (one enum on both sides).
+HostedState = HostedHeadState
 
 
 class Goal(str, enum.Enum):

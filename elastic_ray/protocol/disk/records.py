@@ -474,27 +474,34 @@ def check_protocol_version(data: Mapping[str, Any], *, missing: int | None = Non
 # ---------------------------------------------------------------- jobs/<id>/nodes/<host>.json
 
 class AgentState(str, enum.Enum):
-    """An agent's state as it publishes it: the wire values of ``agent.machine.State``.
+    """An agent's state: the states of its machine (``agent.machine``, which
+    uses this enum itself) as it publishes them in its node file and status.
 
-    Kept here because protocol must not import the agent; the agent maps its
-    machine's state onto this by value, and a test holds the two equal.
-    Adding a state changes the protocol's major version: readers decide on it.
+    Defined here because protocol must not import the agent, and both sides
+    read it. Adding a state changes the protocol's major version: readers
+    decide on it.
     """
 
     WAITING_FOR_HEAD = "WAITING_FOR_HEAD"
     STARTING = "STARTING"
     JOINED = "JOINED"
     RESTART_BACKOFF = "RESTART_BACKOFF"
-    GAVE_UP = "GAVE_UP"
-    FOLLOWING = "FOLLOWING"
+    GAVE_UP = "GAVE_UP"            # stays out until the allocation follows another head
+    FOLLOWING = "FOLLOWING"        # leaving the old head, joining the new one
     DRAINING = "DRAINING"
-    LEFT = "LEFT"
-    RELEASED = "RELEASED"
-    FAILED = "FAILED"
+    LEFT = "LEFT"                  # terminal: drained or shut down
+    RELEASED = "RELEASED"          # terminal: no live head for rejoin_timeout
+    FAILED = "FAILED"              # terminal: a head whose Ray stopped
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (AgentState.LEFT, AgentState.RELEASED, AgentState.FAILED)
 
 
 class HostedHeadState(str, enum.Enum):
-    """A head hosted on a worker allocation's first node, as its agent reports it."""
+    """A head hosted on a worker allocation's first node: the states of the
+    agent's hosted-head machine (``agent.head.hosted``, which uses this enum
+    itself), as its agent reports them."""
 
     STARTING = "STARTING"
     STANDBY = "STANDBY"      # up but not the run's head: a warm standby (``RayLauncher.standby_head``)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..disk.records import AgentState, HostedHeadState
+
 
 def head_serves(status: dict[str, Any]) -> bool:
     """Does a head agent's ``status`` answer say it serves a head (its own, or a hosted one)?"""
-    return ((status.get("role") == "head" and status.get("state") in ("JOINED", "DRAINING"))
-            or (status.get("hosted_head") or {}).get("state") == "READY")
+    return ((status.get("role") == "head" and status.get("state") in (AgentState.JOINED, AgentState.DRAINING))
+            or (status.get("hosted_head") or {}).get("state") == HostedHeadState.READY)
 
 
 def head_draining(status: dict[str, Any]) -> bool:
     """The serving head's agent is phasing out (its own drain, or the hosting node's)."""
-    return status.get("state") == "DRAINING"
+    return status.get("state") == AgentState.DRAINING
