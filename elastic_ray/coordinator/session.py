@@ -37,11 +37,11 @@ from ..protocol.disk.session_dir import SessionDir
 from ..ray_auth import launcher_warnings
 from ..scheduler.base import JobInfo, Scheduler, current_user, state_text
 from ..scheduler.factory import make_scheduler
-from .head import election, standby
+from .head import assessment, election, ready, standby
 from .allocations import failures, removal, submit
 from .head.claims import ClaimOutcome, election_claim
 from .drivers import PayloadRun
-from .head.failover import CONTROL_TIMEOUT, HEAD_START_GRACE, Failover
+from .head.failover import CONTROL_TIMEOUT, Failover
 from .allocations.jobs import RecordAs, SessionJobs
 from .allocations.lost_nodes import LostNodeReporter
 from .allocations.pacing import SchedulerLooks
@@ -398,28 +398,9 @@ class Session:
     def assess_head(self, rec: AllocationRecord, jobs: Mapping[str, JobInfo], obs: HeadObservation,
                     now: float) -> election.HeadAssessment:
         """Whether the head needs an election, from the record, one scheduler
-        answer and a heartbeat observation (the pure rule is election.assess_head)."""
-        head = rec.head_job or ""
-        info = jobs.get(head)
-        # When did this head's job start? Any process can tell from the
-        # scheduler; this process may also remember submitting it.
-        started = max(self._head_started_at.get(head, 0.0), (info.start_time or 0.0) if info else 0.0)
-        endpoint = self.dir.read_head_endpoint(head) if head else None
-        if endpoint is None:
-            starting = now - started < HEAD_START_GRACE
-        else:
-            # Published but no heartbeat heard yet: give the subscription a moment.
-            starting = now - endpoint.started_at < 5.0
-        # The pointer and the record name the same head except inside an
-        # election; the heartbeat we hold is only about the pointer's head.
-        alive = obs.alive and obs.job == rec.head_job
-        # A drain shows in the next heartbeat (up to 1 s away); the agent's
-        # node file says DRAINING at once (written before it answers the
-        # drain request), for every process.
-        draining = alive and bool(head) and (obs.draining or any(
-            st.state is AgentState.DRAINING for st in self.node_states(head).values()))
-        return election.assess_head(rec, jobs, head_alive=alive, now=now, head_draining=draining,
-                                    head_starting=starting)
+        answer and a heartbeat observation (see :mod:`coordinator.head.assessment`)."""
+        return assessment.assess(self.dir, rec, jobs, obs, now,
+                                 submitted_at=self._head_started_at.get(rec.head_job or "", 0.0))
 
     def replace_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
         """Return the healthy head, electing one first if the session has none.
@@ -431,6 +412,14 @@ class Session:
         """
         job, address = Failover(self).replace_head(timeout, progress)
         return Head(job, address, self)
+
+    def ready_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+        """The current head once it is healthy, never electing (see :mod:`coordinator.head.ready`)."""
+        return ready.ready_head(self, timeout, progress)
+
+    def head_is_lost(self) -> bool:
+        """Whether the head must be replaced now (ended, stopped, draining, replaced)."""
+        return ready.head_is_lost(self)
 
     def election_claim(self, claimant: str) -> AbstractContextManager[ClaimOutcome]:
         """Take the session's one election claim for a ``with`` block (see

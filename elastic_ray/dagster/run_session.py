@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from filelock import FileLock
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
 from ..config.queue import RunLayout, SlurmQueue, resolve_worker_allocation
-from ..coordinator.head import ready
+from ..coordinator.facade import RunControl
 from ..coordinator.session import Head, Session, WorkerAllocation
 
 log = logging.getLogger("elastic_ray.dagster")
@@ -74,7 +75,7 @@ class RunSession:
     """The object assets program against: the core session plus the queue
     rules for new worker allocations. Same methods in every process."""
 
-    session: Session
+    session: RunControl   # a Session here, a RemoteSession in the SSH mode (dagster/ssh_mode.py)
     queue: SlurmQueue
     created: bool = False
 
@@ -116,32 +117,31 @@ class RunSession:
         """Submit a worker allocation (Dagster or core config); returns on submission."""
         return self.session.add_worker_allocation(self.resolve_worker_config(config))
 
-    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0) -> dict[str, str]:
-        return self.session.wait_for_worker_allocation(handle, timeout=timeout)
+    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0,
+                                   progress: Callable[[str], None] | None = None) -> dict[str, str]:
+        return self.session.wait_for_worker_allocation(handle, timeout=timeout, progress=progress)
 
     def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
-                                 wait: bool = True) -> str:
-        return self.session.remove_worker_allocation(handle, drain_timeout=drain_timeout, wait=wait)
+                                 wait: bool = True, progress: Callable[[str], None] | None = None) -> str:
+        return self.session.remove_worker_allocation(handle, drain_timeout=drain_timeout, wait=wait,
+                                                     progress=progress)
 
     # -- head
-    def replace_head(self, timeout: float = 3600.0) -> Head:
-        return self.session.replace_head(timeout=timeout)
+    def replace_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+        return self.session.replace_head(timeout=timeout, progress=progress)
 
-    def ready_head(self, timeout: float = 3600.0) -> Head:
-        """The current head once it is healthy (see :func:`..coordinator.head.ready.ready_head`)."""
-        if isinstance(self.session, Session):
-            return ready.ready_head(self.session, timeout)
-        return self.session.ready_head(timeout)
+    def ready_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+        """The current head once it is healthy, never electing (see :mod:`coordinator.head.ready`)."""
+        return self.session.ready_head(timeout=timeout, progress=progress)
 
     def head_is_lost(self) -> bool:
         """Whether the head must be replaced now (ended, stopped, draining, replaced)."""
-        if isinstance(self.session, Session):
-            return ready.head_is_lost(self.session)
         return self.session.head_is_lost()
 
     # -- end
-    def teardown(self) -> None:
-        self.session.teardown()
+    def teardown(self, extra: Sequence[str] | None = None) -> tuple[str, ...]:
+        """End the run's jobs (and ``extra`` ids of it); returns the ids cancelled."""
+        return self.session.teardown(list(extra) if extra is not None else None)
 
     def close(self) -> None:
         self.session.close()

@@ -11,20 +11,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ...errors import SlurmAllocationEnded
 from . import election
 from ..allocations import pacing
 from ..handles import Head
-
-if TYPE_CHECKING:
-    from ..session import Session
+from ..ports import SupervisedSession
 
 log = logging.getLogger("elastic_ray.coordinator")
 
 
-def ready_head(s: Session, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+def ready_head(s: SupervisedSession, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
     """The current head once it is healthy; waits while it is queued or
     starting. A head that ended, stopped or drains raises
     ``SlurmAllocationEnded`` (this does not elect: call ``replace_head``).
@@ -65,7 +62,7 @@ def ready_head(s: Session, timeout: float = 3600.0, progress: Callable[[str], No
             raise TimeoutError(f"the run's head is not ready after {timeout:.0f}s: {assessment.why}")
 
 
-def head_is_lost(s: Session) -> bool:
+def head_is_lost(s: SupervisedSession) -> bool:
     """Whether the head must be replaced now (ended, stopped, draining, replaced)."""
     assessment = s.assess_head(s.record(), s.query(), s.observe_head(wait=1.0), time.time())
     return assessment.needs_election
