@@ -32,7 +32,9 @@ from ..config.launcher import RayLauncher
 from ..config.scheduler_choice import scheduler_kind
 from ..polling import wait_for
 from ..protocol.wire.channel import ControlClient, ControlError
-from ..protocol.disk.records import AgentState, AllocationRecord, NodeState, SessionInfo, WorkerRecord, check_job_name
+from ..protocol.disk.records import (
+    AgentState, AllocationRecord, NodeState, SessionInfo, WorkerIntent, WorkerRecord, check_job_name,
+)
 from ..protocol.disk.session_dir import SessionDir
 from ..ray_auth import launcher_warnings
 from ..scheduler.base import JobInfo, Scheduler, current_user, state_text
@@ -439,8 +441,8 @@ class Session:
         deadline = time.time() + drain_timeout
         # (a head job is not in the workers map; its drain shows in its heartbeat)
         self.dir.update_allocation(lambda r: r.with_worker(replace(
-            r.workers[job_id], state="draining", drain_requested_at=time.time(), drain_deadline=deadline))
-            if job_id in r.workers and r.workers[job_id].state == "submitted" else r)
+            r.workers[job_id], state=WorkerIntent.DRAINING, drain_requested_at=time.time(), drain_deadline=deadline))
+            if job_id in r.workers and r.workers[job_id].state == WorkerIntent.SUBMITTED else r)
         told = 0
         for node, state in self.node_states(job_id).items():
             endpoint = state.control

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import ConfigError, ElasticRayError
-from ...protocol.disk.records import AllocationEnding, AllocationRecord, WorkerRecord
+from ...protocol.disk.records import AllocationEnding, AllocationRecord, WorkerIntent, WorkerRecord
 from ...protocol.disk.session_dir import SessionDir
 from ...scheduler.base import JobInfo, JobState
 from ..head.claims import ClaimOutcome
@@ -100,7 +100,7 @@ def ended_unexpectedly(worker: WorkerRecord, info: JobInfo | None) -> bool:
     An ending already recorded is not news; a job the scheduler did not
     report says nothing (it may not have been asked about).
     """
-    return (worker.state == "submitted" and worker.ended is None and info is not None
+    return (worker.state == WorkerIntent.SUBMITTED and worker.ended is None and info is not None
             and info.state in UNEXPECTED_ENDINGS)
 
 
@@ -134,7 +134,7 @@ def should_resubmit(worker: WorkerRecord) -> bool:
     resubmitted here: moving the head is the election's job.
     """
     return (worker.resubmit_on_failure > 0 and worker.ended is not None and worker.replaced_by is None
-            and worker.state == "submitted" and not worker.hosts_run_head
+            and worker.state == WorkerIntent.SUBMITTED and not worker.hosts_run_head
             and worker.ended.state in {s.value for s in RESUBMIT_ON})
 
 

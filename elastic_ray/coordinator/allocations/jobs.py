@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ...errors import ConfigError, SchedulerError, SessionDirError, TeardownIncomplete
-from ...protocol.disk.records import AllocationRecord, SessionInfo, SubmissionIntent
+from ...protocol.disk.records import AllocationRecord, SessionInfo, SubmissionIntent, WorkerIntent
 from ...protocol.disk import allocation_repair
 from ...protocol.disk.session_dir import SessionDir
 from ...scheduler.base import JobInfo, JobSpec, Scheduler, current_user
@@ -231,8 +231,8 @@ class SessionJobs:
             # cancel and this update would take the CANCELLED workers for
             # failures (.failures).
             rec = self.dir.update_allocation(lambda r: replace(r, workers=MappingProxyType({
-                job: (w if w.state == "removed" else replace(w, state="removed")) for job, w in r.workers.items()}))
-                if any(w.state != "removed" for w in r.workers.values()) else r)
+                job: (w if w.state == WorkerIntent.REMOVED else replace(w, state=WorkerIntent.REMOVED)) for job, w in r.workers.items()}))
+                if any(w.state != WorkerIntent.REMOVED for w in r.workers.values()) else r)
         except (SessionDirError, OSError) as exc:
             errors.append(f"record: {exc}")
         copies, seen = allocation_repair.known_jobs(self.dir)

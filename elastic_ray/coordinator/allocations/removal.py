@@ -20,7 +20,7 @@ from typing import Protocol
 
 from ...config import SlurmWorkerAllocationConfig
 from ...polling import wait_for
-from ...protocol.disk.records import AllocationRecord, NodeState
+from ...protocol.disk.records import AllocationRecord, NodeState, WorkerIntent
 from ...protocol.disk.session_dir import SessionDir
 from ...scheduler.base import JobInfo, JobState, Scheduler
 from .jobs import SessionJobs
@@ -85,14 +85,14 @@ def remove_worker_allocation(session: RemovingSession, job_id: str, drain_timeou
     state = info.state if info else JobState.ENDED_UNKNOWN
     if state is JobState.PENDING:
         # (the intent first, or a poll in between takes the CANCELLED for a failure)
-        session.dir.update_allocation(lambda r: r.with_worker(replace(r.workers[job_id], state="removed")))
+        session.dir.update_allocation(lambda r: r.with_worker(replace(r.workers[job_id], state=WorkerIntent.REMOVED)))
         session.scheduler.cancel(job_id)
     elif state.is_active:
         told = session.drain_job(job_id, drain_timeout, "remove_worker_allocation")
         if told == 0:
             # No agent answered (none started yet, or all hung): Slurm ends it.
             session.scheduler.cancel(job_id)
-    session.dir.update_allocation(lambda r: r.with_worker(replace(r.workers[job_id], state="removed")))
+    session.dir.update_allocation(lambda r: r.with_worker(replace(r.workers[job_id], state=WorkerIntent.REMOVED)))
     # The session's shared answer predates this change: no watcher may take it.
     session.jobs.shared.forget()
     if not wait:

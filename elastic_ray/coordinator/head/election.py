@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Union
 
-from ...protocol.disk.records import AllocationRecord, ElectionClaim, WorkerRecord, check_job_id
+from ...protocol.disk.records import AllocationRecord, ElectionClaim, WorkerIntent, WorkerRecord, check_job_id
 from ...scheduler.base import JobInfo, JobState, state_text
 
 #: A claim whose elector died blocks the next election this long (seconds).
@@ -138,13 +138,13 @@ def _worker_is_draining(worker: WorkerRecord) -> bool:
     # A recorded drain request counts even if the state was not moved on:
     # "undrained" is what the contract asks for, and a worker on its way
     # out would hand the head over again almost at once.
-    return worker.state == "draining" or worker.drain_requested_at is not None
+    return worker.state == WorkerIntent.DRAINING or worker.drain_requested_at is not None
 
 
 def _skip_reason(worker: WorkerRecord, info: JobInfo | None, former: frozenset[str],
                  head_job: str | None) -> str | None:
     """Why this worker allocation cannot host the head now, or None if it can."""
-    if worker.state == "removed":
+    if worker.state == WorkerIntent.REMOVED:
         return "removed"
     if _worker_is_draining(worker):
         return "draining"
@@ -334,7 +334,7 @@ def assess_head(record: AllocationRecord, jobs: Mapping[str, JobInfo], *, head_a
     if head_draining:
         return HeadAssessment(HeadCondition.DRAINING, f"head {head} is draining")
     worker = record.workers.get(head)
-    if worker is not None and (worker.state == "removed" or _worker_is_draining(worker)):
+    if worker is not None and (worker.state == WorkerIntent.REMOVED or _worker_is_draining(worker)):
         return HeadAssessment(HeadCondition.DRAINING,
                               f"head {head} is hosted on a worker allocation that is {worker.state}")
     return HeadAssessment(HeadCondition.HEALTHY, f"head {head} is RUNNING and answers")
@@ -494,7 +494,7 @@ def live_workers(record: AllocationRecord, jobs: Mapping[str, JobInfo]) -> list[
     """
     out = []
     for worker in record.workers.values():
-        if worker.state == "removed":
+        if worker.state == WorkerIntent.REMOVED:
             continue
         info = jobs.get(worker.job_id)
         if info is not None and not info.state.is_active:

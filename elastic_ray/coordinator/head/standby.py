@@ -32,7 +32,7 @@ from typing import Protocol
 
 from ...config.launcher import RayLauncher
 from ...protocol.wire.channel import ControlClient
-from ...protocol.disk.records import AgentState, AllocationRecord, HostedHeadState, NodeState
+from ...protocol.disk.records import AgentState, AllocationRecord, HostedHeadState, NodeState, WorkerIntent
 from ...scheduler.base import JobInfo
 from . import election
 from .failover import ask_agent, first_node
@@ -72,7 +72,7 @@ def agents_may_run(record: AllocationRecord, jobs: Mapping[str, JobInfo]) -> lis
     recorded ``removed`` as soon as its drain is asked, while its agents run
     on until they leave)."""
     return [job for job, worker in record.workers.items()
-            if worker.state != "removed" or ((info := jobs.get(job)) is not None and info.state.is_active)]
+            if worker.state != WorkerIntent.REMOVED or ((info := jobs.get(job)) is not None and info.state.is_active)]
 
 
 def _hosted(state: NodeState | None) -> HostedHeadState | None:

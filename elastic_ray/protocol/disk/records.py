@@ -113,7 +113,19 @@ class SessionInfo:
 
 # ---------------------------------------------------------------- allocation.json
 
-WORKER_STATES = ("submitted", "draining", "removed")
+class WorkerIntent(str, enum.Enum):
+    """What the session means for a worker allocation (not Slurm's state):
+    a ``str`` enum, so a caller comparing with the plain strings keeps working."""
+
+    SUBMITTED = "submitted"
+    DRAINING = "draining"      # a drain was requested
+    REMOVED = "removed"
+
+    def __str__(self) -> str:   # printed and formatted as the plain value, as before
+        return self.value
+
+
+WORKER_STATES = tuple(intent.value for intent in WorkerIntent)
 
 
 @dataclass(frozen=True)
@@ -169,7 +181,7 @@ class WorkerRecord:
     job_id: str
     config: Mapping[str, Any]
     submitted_at: float
-    state: str = "submitted"
+    state: WorkerIntent = WorkerIntent.SUBMITTED
     drain_requested_at: float | None = None
     drain_deadline: float | None = None
     head_failures: int = 0
@@ -179,12 +191,16 @@ class WorkerRecord:
     replaces: str | None = None
     replaced_by: str | None = None
 
+    def __post_init__(self) -> None:
+        # Callers may pass the plain string ("removed"); the record holds the enum.
+        object.__setattr__(self, "state", WorkerIntent(self.state))
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "job_id": self.job_id,
             "config": dict(self.config),
             "submitted_at": self.submitted_at,
-            "state": self.state,
+            "state": self.state.value,
             "drain_requested_at": self.drain_requested_at,
             "drain_deadline": self.drain_deadline,
             "head_failures": self.head_failures,
@@ -222,7 +238,7 @@ class WorkerRecord:
             job_id=check_job_id(_get(data, "job_id", str)),
             config=MappingProxyType(dict(_get(data, "config", dict))),
             submitted_at=float(_get(data, "submitted_at", (int, float))),
-            state=state,
+            state=WorkerIntent(state),
             drain_requested_at=None if drain_at is None else float(drain_at),
             drain_deadline=None if deadline is None else float(deadline),
             head_failures=failures,
@@ -271,15 +287,18 @@ class SubmissionIntent:
     """
 
     marker: str
-    role: str
+    role: AgentRole
     config: Mapping[str, Any]
     created_at: float
     spec_path: str | None = None
     failed_at: float | None = None
     error: str | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", AgentRole(self.role))
+
     def to_dict(self) -> dict[str, Any]:
-        return {"marker": self.marker, "role": self.role, "config": dict(self.config),
+        return {"marker": self.marker, "role": self.role.value, "config": dict(self.config),
                 "created_at": self.created_at, "spec_path": self.spec_path,
                 "failed_at": self.failed_at, "error": self.error}
 
@@ -291,7 +310,7 @@ class SubmissionIntent:
         failed_at = _get(data, "failed_at", (int, float), optional=True)
         return cls(
             marker=_get(data, "marker", str),
-            role=role,
+            role=AgentRole(role),
             config=MappingProxyType(dict(_get(data, "config", dict))),
             created_at=float(_get(data, "created_at", (int, float))),
             spec_path=_get(data, "spec_path", str, optional=True),
@@ -509,7 +528,18 @@ class HostedHeadState(str, enum.Enum):
     FAILED = "FAILED"
 
 
-AGENT_ROLES = ("head", "worker")
+class AgentRole(str, enum.Enum):
+    """What an agent (and the job it belongs to) is for: a ``str`` enum, so a
+    caller comparing with ``"head"`` or ``"worker"`` keeps working."""
+
+    HEAD = "head"
+    WORKER = "worker"
+
+    def __str__(self) -> str:   # printed and formatted as the plain value, as before
+        return self.value
+
+
+AGENT_ROLES = tuple(role.value for role in AgentRole)
 
 
 def _enum(data: Mapping[str, Any], key: str, kind: type[enum.Enum]) -> Any:
@@ -651,7 +681,7 @@ class NodeState:
     job_id: str
     node: str
     node_ip: str
-    role: str                      # "head" or "worker"
+    role: AgentRole
     state: AgentState
     since: float                   # when ``state`` began
     max_restarts: int
@@ -686,11 +716,14 @@ class NodeState:
     exit_code: int | None = None
     protocol_version: int = PROTOCOL_VERSION
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", AgentRole(self.role))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "protocol_version": self.protocol_version,
             "session": self.session, "job_id": self.job_id, "node": self.node,
-            "node_ip": self.node_ip, "node_index": self.node_index, "role": self.role,
+            "node_ip": self.node_ip, "node_index": self.node_index, "role": self.role.value,
             "state": self.state.value, "reason": self.reason, "since": self.since,
             "head_job": self.head_job, "head_address": self.head_address, "node_id": self.node_id,
             "ports": dict(self.ports),
@@ -741,7 +774,7 @@ class NodeState:
             job_id=check_job_id(_get(data, "job_id", str)),
             node=node,
             node_ip=_get(data, "node_ip", str),
-            role=role,
+            role=AgentRole(role),
             state=_enum(data, "state", AgentState),
             since=float(_get(data, "since", (int, float))),
             max_restarts=_count(data, "max_restarts"),
