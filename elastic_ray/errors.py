@@ -1,11 +1,41 @@
-"""Exceptions shared by every part of elastic-ray.
+"""Every public exception of elastic-ray, and their one base class.
 
 They live in one module so that callers can catch them without importing the
 part that raised them (a Dagster asset catching ``SlurmAllocationEnded`` should
-not need to import the coordinator's internals).
+not need to import the coordinator's internals, a notebook catching
+``SshError`` not the SSH client's). Each is an :class:`ElasticRayError`, so
+one ``except ElasticRayError`` covers everything the package raises on
+purpose; some keep a built-in base as well, so that ``except ValueError``
+(``ConfigError``, ``NewerProtocolError``) and ``except TimeoutError``
+(``ControlTimeout``, ``WaitTimeout``) go on catching them.
+
+The modules that raise them import them from here, and each name is still
+importable from the module it was first defined in (``elastic_ray.polling``
+``WaitTimeout``, ``elastic_ray.protocol.wire.channel`` ``ControlTimeout``,
+...): those imports are kept for code written against them.
+
+This module belongs to no room and imports only the standard library, so
+every room, the small agent included, may use it at no cost. For that reason
+``SshError`` describes the ``SshTarget`` it is given by the attributes it
+reads (``host``, ``user``, ``port``) instead of importing the SSH client.
+
+Left where they are, because no program using the package catches them:
+the GCS probe's ``_UsageError`` and ``_AuthError`` (private to the probe
+process, which turns them into its one JSON answer and its exit status; the
+agent sees a ``ProbeError``), the local scheduler's ``InvalidTransition``
+(the emulation's record refusing an event its state cannot have: a bug in
+the emulation, not something a user can meet or fix) and the CLI's
+``OptionError`` (a ``click.UsageError``, so that click prints it and exits
+with status 2; it must keep click's base, and only the ``elastic-ray``
+command raises it).
 """
 
 from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+from typing import Protocol
 
 
 class ElasticRayError(Exception):
@@ -116,3 +146,146 @@ class SlurmStepDrained(SlurmAllocationEnded):
 
     def __init__(self, message: str, *, job_id: str | None = None):
         super().__init__(message, allocation_state="DRAINING", job_id=job_id)
+
+
+class PayloadFailed(ElasticRayError):
+    """The driver exited non-zero while its head stayed healthy."""
+
+    def __init__(self, returncode: int, argv: Sequence[str]):
+        self.returncode = returncode
+        super().__init__(f"payload {' '.join(argv)!r} exited with {returncode}")
+
+
+class SessionFileError(ConfigError):
+    """A refused session file: ``file`` is its path as given, ``field`` the dotted key."""
+
+    def __init__(self, file: str | os.PathLike[str], field: str, value: object, reason: str):
+        super().__init__(field, value, reason)
+        self.file = str(file)
+        # The value is left out of the message: it may be long (a script line) or secret.
+        self.args = (f"{self.file}: {field}: {reason}" if field else f"{self.file}: {reason}",)
+
+
+class NewerProtocolError(ElasticRayError, ValueError):
+    """A record written by a newer elastic-ray, in a protocol this one cannot read.
+
+    A ``ValueError`` like every other refusal of a record, so the session
+    directory reports it with the file's path; a class of its own so that
+    "upgrade" can be told apart from "damaged".
+    """
+
+
+class WaitTimeout(ElasticRayError, TimeoutError):
+    """The awaited condition did not come in time. Names what was awaited
+    (``what``) and what the last look saw (``last``)."""
+
+    def __init__(self, what: str, timeout: float, last: object):
+        self.what = what
+        self.timeout = timeout
+        self.last = last
+        super().__init__(f"timed out after {timeout:g} s waiting for {what}; last seen: {last!r}")
+
+
+# ---------------------------------------------------------------- the control channel
+
+class ControlError(ElasticRayError):
+    """A request failed: the reply was not authentic, or did not answer the request."""
+
+
+class ControlTimeout(ControlError, TimeoutError):
+    """No authentic reply within the timeout. The request may or may not have run."""
+
+
+class FrameRejected(ElasticRayError):
+    """A frame was refused. ``reason`` is a short fixed token (safe to count by);
+    ``detail`` says what exactly was wrong, for the log."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class CurveUnavailable(ElasticRayError):
+    """The installed libzmq was built without CURVE; the channel refuses to run
+    unauthenticated rather than fall back silently."""
+
+
+# ---------------------------------------------------------------- the agent's node
+
+class ProbeError(ElasticRayError):
+    """A probe failed: ``kind`` is ``timeout`` (killed), ``unreachable`` (no GCS
+    answered), ``auth`` (token missing or wrong), ``usage``, ``malformed`` (no
+    valid answer) or the Python exception name raised inside the probe."""
+
+    def __init__(self, op: str, kind: str, message: str, *, returncode: int | None = None,
+                 stderr_tail: str = ""):
+        self.op = op
+        self.kind = kind
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+        detail = f"; stderr: {stderr_tail.strip()[-500:]}" if stderr_tail.strip() else ""
+        super().__init__(f"gcs probe {op}: {kind}: {message}{detail}")
+
+
+class NodeAddressError(ElasticRayError):
+    """This node's address could not be resolved (one line, names the node)."""
+
+
+# ---------------------------------------------------------------- the SSH mode
+
+class _SshLogin(Protocol):
+    """What :class:`SshError` reads of the ``SshTarget`` it is given."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def user(self) -> str | None: ...
+
+    @property
+    def port(self) -> int | None: ...
+
+
+class SshError(ElasticRayError):
+    """ssh could not run a command on the cluster (connect, authenticate, or spawn)."""
+
+    def __init__(self, target: _SshLogin, command: Sequence[str], returncode: int | None, stderr: str):
+        self.host = target.host
+        self.user = target.user
+        self.command = tuple(command)
+        self.returncode = returncode
+        self.stderr = stderr.strip()
+        who = f"{target.user}@{target.host}" if target.user else target.host
+        port = f" port {target.port}" if target.port else ""
+        said = self.stderr.splitlines()[-1] if self.stderr else "no message"
+        super().__init__(f"ssh to {who}{port} failed (exit {returncode}) running {shlex.join(command)!r}: {said}")
+
+
+class RemoteError(ElasticRayError):
+    """The cluster side failed with an error of a type the client does not rebuild."""
+
+    def __init__(self, type_name: str, message: str, traceback: str = ""):
+        self.type_name = type_name
+        self.traceback = traceback
+        super().__init__(f"{type_name} on the cluster side: {message}")
+
+
+class RemoteVersionMismatch(ElasticRayError):
+    """Client and cluster side run different elastic-ray versions (or wire schemas)."""
+
+    def __init__(self, client_version: str, cluster_version: str, remote_python: str = ""):
+        self.client_version = client_version
+        self.cluster_version = cluster_version
+        self.remote_python = remote_python
+        where = f" ({remote_python})" if remote_python else ""
+        super().__init__(f"elastic-ray {client_version} here but {cluster_version} on the cluster side{where}; "
+                         f"install the same version in both places")
+
+
+class RemoteSetupError(ElasticRayError):
+    """The cluster side could not start (no Python there, elastic-ray not installed)."""
+
+
+class ProtocolError(ElasticRayError):
+    """The cluster side answered something that is not this wire format."""

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from .errors import WaitTimeout
+
 T = TypeVar("T")
 
 
@@ -28,17 +30,6 @@ class Wakeup(Protocol):
     def clear(self) -> None: ...
 
     def wait(self, timeout: float | None = None) -> bool: ...
-
-
-class WaitTimeout(TimeoutError):
-    """The awaited condition did not come in time. Names what was awaited
-    (``what``) and what the last look saw (``last``)."""
-
-    def __init__(self, what: str, timeout: float, last: object):
-        self.what = what
-        self.timeout = timeout
-        self.last = last
-        super().__init__(f"timed out after {timeout:g} s waiting for {what}; last seen: {last!r}")
 
 
 def wait_for(

@@ -95,3 +95,33 @@ def test_requests_carry_schema_and_version_and_a_mismatch_is_refused():
 def test_a_version_mismatch_error_survives_the_trip():
     back = roundtrip(wire.RemoteVersionMismatch("0.1.0", "0.2.0"))
     assert isinstance(back, wire.RemoteVersionMismatch) and back.cluster_version == "0.2.0"
+
+
+# The names a client rebuilds, as they were before the public errors were
+# gathered in elastic_ray.errors: gathering them must not change the wire.
+REBUILT_NAMES = {
+    "ElasticRayError", "ConfigError", "SchedulerError", "SessionDirError", "CorruptFileError", "TeardownIncomplete",
+    "UnsafePathError", "AllocationFailed", "SlurmAllocationEnded", "SlurmStepDrained", "PayloadFailed", "WaitTimeout",
+    "RemoteError", "RemoteVersionMismatch", "RemoteSetupError", "ProtocolError",
+    "TimeoutError", "ValueError", "TypeError", "KeyError", "FileNotFoundError", "PermissionError", "FileExistsError",
+    "NotADirectoryError", "OSError",
+}
+
+
+def test_the_rebuilt_types_are_the_ones_they_were():
+    types = wire.error_types()
+    assert set(types) == REBUILT_NAMES
+    assert all(cls.__name__ == name for name, cls in types.items())
+
+
+@pytest.mark.parametrize("exc", [
+    errors.ControlTimeout("drain to tcp://h:1: no reply within 3 s"),
+    errors.FrameRejected("skew", "timestamp off by +41.3 s"),
+    errors.ProbeError("drain", "timeout", "killed"),
+    errors.NewerProtocolError("protocol_version 9"),
+    errors.SessionFileError("s.toml", "head.mem", "lots", "must be a memory size"),
+], ids=lambda e: type(e).__name__)
+def test_the_errors_a_call_never_rebuilt_still_arrive_as_remote_error(exc):
+    back = roundtrip(exc)
+    assert type(back) is wire.RemoteError
+    assert back.type_name == type(exc).__name__ and str(exc) in str(back)

@@ -27,6 +27,8 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, packaged (a depende
     import tomli as tomllib  # type: ignore[no-redef]
 
 from ..errors import ConfigError
+# Defined in errors (its docstring says why); ``X as X`` keeps it importable from here, for type checkers too.
+from ..errors import SessionFileError as SessionFileError
 from .allocation import (
     SlurmRunAllocationConfig,
     SlurmWorkerAllocationConfig,
@@ -51,16 +53,6 @@ _TOP: Mapping[str, tuple[tuple[type, ...], str]] = {
 }
 _TABLES = ("head", "launcher", "worker_allocation")
 _WORKER_EXTRA = ("resubmit_on_failure",)
-
-
-class SessionFileError(ConfigError):
-    """A refused session file: ``file`` is its path as given, ``field`` the dotted key."""
-
-    def __init__(self, file: str | os.PathLike[str], field: str, value: object, reason: str):
-        super().__init__(field, value, reason)
-        self.file = str(file)
-        # The value is left out of the message: it may be long (a script line) or secret.
-        self.args = (f"{self.file}: {field}: {reason}" if field else f"{self.file}: {reason}",)
 
 
 @dataclass(frozen=True)

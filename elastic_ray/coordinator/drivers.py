@@ -36,7 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..config.slurm_values import parse_signal
-from ..errors import ElasticRayError, SlurmAllocationEnded, SlurmStepDrained
+# Defined in errors (its docstring says why); ``X as X`` keeps it importable from here, for type checkers too.
+from ..errors import PayloadFailed as PayloadFailed
+from ..errors import SlurmAllocationEnded, SlurmStepDrained
 from ..polling import wait_for
 from ..ray_auth import apply_auth_env
 from ..scheduler.base import JobState
@@ -53,14 +55,6 @@ SIGNAL_EARLY = 35.0
 # A driver that ended inside that window: how long to listen for the head's
 # heartbeat to say it drains (its agent asks the scheduler why it got the signal).
 DRAIN_NEWS_WAIT = 5.0
-
-
-class PayloadFailed(ElasticRayError):
-    """The driver exited non-zero while its head stayed healthy."""
-
-    def __init__(self, returncode: int, argv: Sequence[str]):
-        self.returncode = returncode
-        super().__init__(f"payload {' '.join(argv)!r} exited with {returncode}")
 
 
 @dataclass(frozen=True)

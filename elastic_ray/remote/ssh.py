@@ -26,28 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ElasticRayError
+# Defined in errors (its docstring says why); ``X as X`` keeps it importable from here, for type checkers too.
+from ..errors import SshError as SshError
 
 log = logging.getLogger(__name__)
 
 SSH_FAILED = 255  # ssh's own exit code for a connection or authentication failure
 UNIX_PATH_MAX = 103  # bytes of a Unix socket path (sun_path less its NUL: 107 on Linux, 103 on macOS)
 CONTROL_NAME_BYTES = 40 + 17  # %C (a SHA-1 in hex) plus the suffix ssh adds while binding
-
-
-class SshError(ElasticRayError):
-    """ssh could not run a command on the cluster (connect, authenticate, or spawn)."""
-
-    def __init__(self, target: "SshTarget", command: Sequence[str], returncode: int | None, stderr: str):
-        self.host = target.host
-        self.user = target.user
-        self.command = tuple(command)
-        self.returncode = returncode
-        self.stderr = stderr.strip()
-        who = f"{target.user}@{target.host}" if target.user else target.host
-        port = f" port {target.port}" if target.port else ""
-        said = self.stderr.splitlines()[-1] if self.stderr else "no message"
-        super().__init__(f"ssh to {who}{port} failed (exit {returncode}) running {shlex.join(command)!r}: {said}")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,11 @@ from typing import Any
 
 from .. import errors
 from ..errors import ElasticRayError
+# Defined in errors (its docstring says why); ``X as X`` keeps them importable from here, for type checkers too.
+from ..errors import ProtocolError as ProtocolError
+from ..errors import RemoteError as RemoteError
+from ..errors import RemoteSetupError as RemoteSetupError
+from ..errors import RemoteVersionMismatch as RemoteVersionMismatch
 
 SCHEMA = "elastic-ray-remote/1"
 MARK = "\x1eER1 "
@@ -34,48 +39,24 @@ KEEPALIVE = 10.0  # s between the client's keep-alive bytes on a call's stdin
 CLIENT_SILENCE = 6 * KEEPALIVE  # s without one before the cluster side takes the client for gone
 
 
-class RemoteError(ElasticRayError):
-    """The cluster side failed with an error of a type the client does not rebuild."""
-
-    def __init__(self, type_name: str, message: str, traceback: str = ""):
-        self.type_name = type_name
-        self.traceback = traceback
-        super().__init__(f"{type_name} on the cluster side: {message}")
-
-
-class RemoteVersionMismatch(ElasticRayError):
-    """Client and cluster side run different elastic-ray versions (or wire schemas)."""
-
-    def __init__(self, client_version: str, cluster_version: str, remote_python: str = ""):
-        self.client_version = client_version
-        self.cluster_version = cluster_version
-        self.remote_python = remote_python
-        where = f" ({remote_python})" if remote_python else ""
-        super().__init__(f"elastic-ray {client_version} here but {cluster_version} on the cluster side{where}; "
-                         f"install the same version in both places")
-
-
-class RemoteSetupError(ElasticRayError):
-    """The cluster side could not start (no Python there, elastic-ray not installed)."""
-
-
-class ProtocolError(ElasticRayError):
-    """The cluster side answered something that is not this wire format."""
+# The types a client rebuilds by name, one by one rather than "every class of
+# elastic_ray.errors": that module also holds the errors of the control
+# channel, the agent's node and the SSH client, which a remote call has never
+# rebuilt; they, like any type not named here, arrive as RemoteError.
+REBUILT: tuple[type[BaseException], ...] = (
+    errors.ElasticRayError, errors.ConfigError, errors.SchedulerError, errors.SessionDirError,
+    errors.CorruptFileError, errors.TeardownIncomplete, errors.UnsafePathError, errors.AllocationFailed,
+    errors.SlurmAllocationEnded, errors.SlurmStepDrained,
+    errors.PayloadFailed, errors.WaitTimeout,
+    RemoteError, RemoteVersionMismatch, RemoteSetupError, ProtocolError,
+    TimeoutError, ValueError, TypeError, KeyError, FileNotFoundError, PermissionError, FileExistsError,
+    NotADirectoryError, OSError,
+)
 
 
 def error_types() -> dict[str, type[BaseException]]:
     """The exception types rebuilt on the client, by name."""
-    from ..coordinator.drivers import PayloadFailed
-    from ..polling import WaitTimeout
-
-    found: dict[str, type[BaseException]] = {
-        name: obj for name, obj in vars(errors).items()
-        if isinstance(obj, type) and issubclass(obj, BaseException)}
-    for cls in (PayloadFailed, WaitTimeout, RemoteError, RemoteVersionMismatch, RemoteSetupError, ProtocolError,
-                TimeoutError, ValueError, TypeError, KeyError, FileNotFoundError, PermissionError,
-                FileExistsError, NotADirectoryError, OSError):
-        found[cls.__name__] = cls
-    return found
+    return {cls.__name__: cls for cls in REBUILT}
 
 
 def _plain(value: Any) -> Any:

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import ElasticRayError
+# Defined in errors (its docstring says why); ``X as X`` keeps it importable from here, for type checkers too.
+from ...errors import ProbeError as ProbeError
 from . import simulation
 
 #: Time a probe needs before its first RPC (interpreter start + ``import ray``,
@@ -27,21 +28,6 @@ from . import simulation
 STARTUP_ALLOWANCE = 1.5
 _STDERR_TAIL = 2000
 _PROBE_MODULE = "elastic_ray.agent.node.gcs_probe"
-
-
-class ProbeError(ElasticRayError):
-    """A probe failed: ``kind`` is ``timeout`` (killed), ``unreachable`` (no GCS
-    answered), ``auth`` (token missing or wrong), ``usage``, ``malformed`` (no
-    valid answer) or the Python exception name raised inside the probe."""
-
-    def __init__(self, op: str, kind: str, message: str, *, returncode: int | None = None,
-                 stderr_tail: str = ""):
-        self.op = op
-        self.kind = kind
-        self.returncode = returncode
-        self.stderr_tail = stderr_tail
-        detail = f"; stderr: {stderr_tail.strip()[-500:]}" if stderr_tail.strip() else ""
-        super().__init__(f"gcs probe {op}: {kind}: {message}{detail}")
 
 
 def probe_env(extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:

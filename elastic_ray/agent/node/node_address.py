@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import psutil
 
-from ...errors import ElasticRayError
+from ...errors import NodeAddressError
 from .ray_args import _check_ip
 
 COMMAND_TIMEOUT = 30.0
@@ -35,10 +35,6 @@ _STDERR_CHARS = 300   # of a failed command's stderr, in the one-line error
 
 __all__ = ["NodeAddressError", "interface_address", "command_address", "hostname_address",
            "resolve_node_address", "COMMAND_TIMEOUT"]
-
-
-class NodeAddressError(ElasticRayError):
-    """This node's address could not be resolved (one line, names the node)."""
 
 
 def _one_line(text: str, limit: int = _STDERR_CHARS) -> str:

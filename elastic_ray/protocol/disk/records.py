@@ -25,6 +25,8 @@ from typing import Any
 # Job ids and names follow the one Slurm vocabulary (config/slurm_values.py);
 # re-exported here for the session directory and the CLI, which read records.
 from ...config.slurm_values import check_job_id, check_job_name, is_job_id  # noqa: F401
+# Defined in errors (its docstring says why); ``X as X`` keeps it importable from here, for type checkers too.
+from ...errors import NewerProtocolError as NewerProtocolError
 
 PROTOCOL_VERSION = 1
 
@@ -456,15 +458,6 @@ class HeadEndpoint:
 
 
 # ---------------------------------------------------------------- protocol versions
-
-class NewerProtocolError(ValueError):
-    """A record written by a newer elastic-ray, in a protocol this one cannot read.
-
-    A ``ValueError`` like every other refusal here, so the session directory
-    reports it with the file's path; a class of its own so that "upgrade"
-    can be told apart from "damaged".
-    """
-
 
 def check_protocol_version(data: Mapping[str, Any], *, missing: int | None = None) -> int:
     """The record's protocol version; refuses one newer than this code.

@@ -49,7 +49,9 @@ from typing import Any
 
 import zmq
 
-from ...errors import ElasticRayError
+# Defined in errors (its docstring says why); ``X as X`` keeps it importable from here, for type checkers too.
+from ...errors import ControlError as ControlError
+from ...errors import ControlTimeout as ControlTimeout
 from . import curve
 from .link_watch import LinkWatch
 from .frames import (
@@ -95,14 +97,6 @@ Handler = Callable[[Envelope], "Mapping[str, Any] | Deferred"]
 _HWM = 100            # messages queued per peer; with 64 KiB parts at most ~13 MB per peer
 _DRAIN_BATCH = 1000   # messages handled per handle_ready call, so a flood cannot starve the agent
 _ERROR_TEXT = 500     # characters of an exception kept in an error reply
-
-
-class ControlError(ElasticRayError):
-    """A request failed: the reply was not authentic, or did not answer the request."""
-
-
-class ControlTimeout(ControlError, TimeoutError):
-    """No authentic reply within the timeout. The request may or may not have run."""
 
 
 # ---------------------------------------------------------------- server

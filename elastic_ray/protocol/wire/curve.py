@@ -41,7 +41,8 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils import z85
 
-from ...errors import ElasticRayError
+# Defined in errors (its docstring says why); ``X as X`` keeps it importable from here, for type checkers too.
+from ...errors import CurveUnavailable as CurveUnavailable
 
 HANDSHAKE_IVL_MS = 10_000
 """A peer must finish the CURVE handshake within this time or is disconnected:
@@ -49,11 +50,6 @@ bounds how long an idle or trickling connection holds a descriptor."""
 
 _SERVER_LABEL = b"elastic-ray control channel v1: curve server key"
 _CLIENT_LABEL = b"elastic-ray control channel v1: curve client key"
-
-
-class CurveUnavailable(ElasticRayError):
-    """The installed libzmq was built without CURVE; the channel refuses to run
-    unauthenticated rather than fall back silently."""
 
 
 @dataclass(frozen=True)

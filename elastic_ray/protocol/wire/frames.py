@@ -71,7 +71,8 @@ from typing import Any
 import msgpack
 
 from ...config.slurm_values import is_job_id
-from ...errors import ElasticRayError
+# Defined in errors (its docstring says why); ``X as X`` keeps it importable from here, for type checkers too.
+from ...errors import FrameRejected as FrameRejected
 
 VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024
@@ -110,16 +111,6 @@ RAY_NODE_ID_HEX = 56
 """A Ray node id is 28 bytes, written as 56 lowercase hex digits."""
 MAX_MARK_DEAD_IDS = 128
 """Node ids per ``mark_dead`` request (about 7 KiB); a caller with more sends several."""
-
-
-class FrameRejected(ElasticRayError):
-    """A frame was refused. ``reason`` is a short fixed token (safe to count by);
-    ``detail`` says what exactly was wrong, for the log."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        self.reason = reason
-        self.detail = detail
-        super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
 @dataclass(frozen=True)
