@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from ..scheduler.base import JobState
 from .handles import Head, WorkerAllocation
 
 Progress = Callable[[str], None]
@@ -39,7 +40,7 @@ class RunControl(Protocol):
         ...
 
     def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
-                                 wait: bool = True, progress: Progress | None = None) -> str:
+                                 wait: bool = True, progress: Progress | None = None) -> JobState:
         """Drain a running allocation (cancel a pending one); its final state."""
         ...
 

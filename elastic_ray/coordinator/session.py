@@ -457,8 +457,9 @@ class Session:
         return told
 
     def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
-                                 wait: bool = True, progress: Callable[[str], None] | None = None) -> str:
-        """Drain a running allocation (cancel a pending one); returns the final Slurm state.
+                                 wait: bool = True, progress: Callable[[str], None] | None = None) -> JobState:
+        """Drain a running allocation (cancel a pending one); returns the final Slurm state
+        (a ``JobState``, a ``str`` enum: ``== "COMPLETED"`` works).
 
         With ``wait=False`` it returns at once (the drain goes on) with the
         state at that moment. The wait ends when the agents publish their

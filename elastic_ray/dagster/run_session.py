@@ -28,6 +28,7 @@ from ..config.launcher import RayLauncher
 from ..config.queue import RunLayout, SlurmQueue, resolve_worker_allocation
 from ..coordinator.facade import RunControl
 from ..coordinator.session import Head, Session, WorkerAllocation
+from ..scheduler.base import JobState
 
 log = logging.getLogger("elastic_ray.dagster")
 
@@ -122,7 +123,7 @@ class RunSession:
         return self.session.wait_for_worker_allocation(handle, timeout=timeout, progress=progress)
 
     def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
-                                 wait: bool = True, progress: Callable[[str], None] | None = None) -> str:
+                                 wait: bool = True, progress: Callable[[str], None] | None = None) -> JobState:
         return self.session.remove_worker_allocation(handle, drain_timeout=drain_timeout, wait=wait,
                                                      progress=progress)
 

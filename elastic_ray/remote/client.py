@@ -33,6 +33,7 @@ from ..coordinator.drivers import RunResult
 from ..coordinator.handles import Head, WorkerAllocation
 from ..errors import ConfigError
 from ..protocol.disk.records import AllocationRecord, SessionInfo
+from ..scheduler.base import JobState
 from . import wire
 from .ssh import SSH_FAILED, SshConnection, SshError, SshTarget
 
@@ -346,9 +347,10 @@ class RemoteSession:
         return self._call("wait_worker", progress, timeout=timeout, job_id=_job(handle))
 
     def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
-                                 wait: bool = True, progress: Callable[[str], None] | None = None) -> str:
+                                 wait: bool = True, progress: Callable[[str], None] | None = None) -> JobState:
         """Drain a running allocation (cancel a pending one); returns its final Slurm state."""
-        return self._call("remove_worker", progress, job_id=_job(handle), drain_timeout=drain_timeout, wait=wait)
+        return JobState(self._call("remove_worker", progress, job_id=_job(handle), drain_timeout=drain_timeout,
+                                   wait=wait))
 
     def drain_job(self, job_id: str, drain_timeout: float, reason: str) -> int:
         """Ask every node of a job to drain (what ``request_drain`` of a handle calls); returns how many agents took it."""

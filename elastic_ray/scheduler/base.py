@@ -42,6 +42,9 @@ class JobState(str, enum.Enum):
     # Ended, but the scheduler no longer knows how (record purged, no accounting).
     ENDED_UNKNOWN = "ENDED_UNKNOWN"
 
+    def __str__(self) -> str:   # printed and formatted as Slurm's name
+        return self.value
+
     @property
     def is_active(self) -> bool:
         """Still holds (or waits for) resources."""

@@ -45,7 +45,7 @@ def agents_ended(states: Mapping[str, NodeState], nodes: int) -> bool:
     return nodes > 0 and len(ended) >= nodes and len(ended) == len(states)
 
 
-def removal_outcome(info: JobInfo | None, states: Mapping[str, NodeState], nodes: int) -> str | None:
+def removal_outcome(info: JobInfo | None, states: Mapping[str, NodeState], nodes: int) -> JobState | None:
     """Pure: the final state a removal returns, or None to keep waiting.
 
     The scheduler's final state when it has one; else COMPLETED once every
@@ -53,9 +53,9 @@ def removal_outcome(info: JobInfo | None, states: Mapping[str, NodeState], nodes
     step exits 0 right after). Any other end is left to the scheduler.
     """
     if info is not None and info.state.is_final:
-        return info.state.value
+        return info.state
     if agents_ended(states, nodes):
-        return JobState.COMPLETED.value
+        return JobState.COMPLETED
     return None
 
 
@@ -75,7 +75,7 @@ class RemovingSession(Protocol):
 
 
 def remove_worker_allocation(session: RemovingSession, job_id: str, drain_timeout: float, wait: bool,
-                             progress: Callable[[str], None] | None) -> str:
+                             progress: Callable[[str], None] | None) -> JobState:
     """See ``Session.remove_worker_allocation``."""
     rec = session.record()
     if job_id not in rec.workers:
@@ -96,12 +96,12 @@ def remove_worker_allocation(session: RemovingSession, job_id: str, drain_timeou
     # The session's shared answer predates this change: no watcher may take it.
     session.jobs.shared.forget()
     if not wait:
-        return state.value
+        return state
     looks = SchedulerLooks(lambda job, max_age: session.job_info(job, unreachable_ok=True, max_age=max_age),
                            pace=removal_check_delay, max_age=None)
 
     # The agents stop their nodes at the drain deadline; allow them a little more.
-    def final_state() -> str | None:
+    def final_state() -> JobState | None:
         latest = looks.info(job_id)
         outcome = removal_outcome(latest, session.node_states(job_id), nodes)
         if outcome is None and progress:
