@@ -83,8 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
 
-    sys.path.insert(0, str(REPO / "integration"))
-    import labctl  # noqa: E402 - the lab's own controller
+    # Run as a script (bench/ first on sys.path), this needs the repository root for
+    # `integration`, like the other benches; here and not at import, because
+    # tests/test_bench_agent_change.py imports this module for its pure parts.
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from integration import labctl  # the lab's own controller
 
     started = not labctl.is_up()
     if started:

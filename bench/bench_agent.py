@@ -55,12 +55,11 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "integration"))
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for `integration`
 
 import psutil  # noqa: E402
 
-import labctl  # noqa: E402
+from integration import labctl  # noqa: E402
 from integration.faults import lab_ops  # noqa: E402
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig  # noqa: E402
 from elastic_ray.agent.node import gcs_probe  # noqa: E402

@@ -1,4 +1,4 @@
-"""pytest glue for the real multi-node Slurm lab (see labctl.py).
+"""pytest glue for the real multi-node Slurm lab (see integration/labctl/).
 
 Tests that need Slurm take the session-scoped ``slurm_lab`` fixture and carry ``@pytest.mark.slurm``.
 The fixture reuses a lab that is already up (so a developer can keep one running between test
@@ -19,13 +19,8 @@ from pathlib import Path
 
 import pytest
 
-_HERE = Path(__file__).resolve().parent
-for _path in (_HERE, _HERE.parent):  # labctl; tests.sshd_server
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-import labctl  # noqa: E402
-from tests.sshd_server import SshServer  # noqa: E402
+from integration import labctl
+from tests.sshd_server import SshServer
 
 LAB_NODES = 4  # the layout the tests are written for: cpu-1, cpu-2, gpua-1, gpub-1
 

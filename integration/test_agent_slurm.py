@@ -37,7 +37,7 @@ from elastic_ray.coordinator.session import Session, WorkerAllocation
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.protocol.wire.channel import ControlClient
 
-import labctl
+from integration import labctl
 
 _spec = importlib.util.spec_from_file_location(
     "elastic_ray_tests_helpers", Path(__file__).resolve().parent.parent / "tests" / "helpers.py")

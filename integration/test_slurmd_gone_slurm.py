@@ -22,10 +22,9 @@ import pytest
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.session import Session
+from integration import labctl
 from integration.slurm_helpers import end_session
 from tests.helpers import wait_until
-
-import labctl
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.timeout(420)]
 

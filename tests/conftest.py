@@ -5,7 +5,7 @@
 backends (``test_scheduler_contract.py``) request it for their ``slurm``
 case, so it is re-exported here. pytest only shares fixtures down the
 directory tree, hence the import: the repository root goes on ``sys.path``
-so that ``integration`` is importable as a (namespace) package.
+so that ``integration`` (a package: ``integration/__init__.py``) is importable.
 
 ``sshd`` (a real OpenSSH server on 127.0.0.1 for the SSH mode's tests, see
 ``tests/sshd_server.py``) is defined next to it and re-exported the same way.

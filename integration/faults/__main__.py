@@ -19,14 +19,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from integration.faults import lab_ops
+from integration.faults.harness import Result, run_scenario
+from integration.faults.scenarios import BY_NAME, SCENARIOS
+from integration.faults.table import render_table, replace_block
 
-from integration.faults import lab_ops  # noqa: E402
-from integration.faults.harness import Result, run_scenario  # noqa: E402
-from integration.faults.scenarios import BY_NAME, SCENARIOS  # noqa: E402
-from integration.faults.table import render_table, replace_block  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 STATUS_DOC = REPO / "docs" / "status.md"
 

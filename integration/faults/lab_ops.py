@@ -15,16 +15,11 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-if str(HERE.parent) not in sys.path:
-    sys.path.insert(0, str(HERE.parent))
-
-import labctl  # noqa: E402
+from integration import labctl
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ questions (is this request possible at all, does it fit what is free now,
 when would it fit), so the answers are consistent across processes and can
 be tested exhaustively without starting anything.
 
-The model follows the Slurm lab (``integration/labctl.py``): nodes with CPUs,
+The model follows the Slurm lab (``integration/labctl/``): nodes with CPUs,
 memory and GPUs, grouped in partitions, ``select/cons_tres`` with
 ``CR_CPU_Memory`` (CPUs, memory and GPUs are consumable; several jobs share a
 node while they fit), one task per node, ``DefMemPerCPU``. What Slurm does and

@@ -1,0 +1,134 @@
+"""A real multi-node Slurm 22.05 lab on one Linux machine, for elastic-ray's integration tests.
+
+Every compute node is a genuine ``slurmd``.  Each one lives in three namespaces of its own:
+
+* a network namespace, joined to a private bridge by a veth pair, with its own IP and *no*
+  default route (nothing inside a node can reach anything but the bridge subnet);
+* a UTS namespace, so ``hostname`` inside a job prints the node name;
+* a mount namespace in which /tmp, /var/tmp and /dev/shm are per-node directories of the lab
+  dir (the rest of the filesystem is shared, like NFS home/project dirs on a real cluster).
+
+``slurmctld`` runs on the host network (it owns the bridge address, ``.1``) in its own UTS
+namespace whose hostname is ``slurmctl``, so the config never depends on the machine's name.
+A private ``munged`` (own key and socket under the lab dir) authenticates everything.
+
+Commands (``integration/lab`` is a thin wrapper around :func:`main`)::
+
+    lab up [N]    start, or repair, an N-node lab (default 4); idempotent
+    lab down      stop what this lab started and remove its netns/bridge/hosts block
+    lab status    exit 0 when up, 3 when down
+    lab env       print the ``export SLURM_CONF=...`` line
+
+Environment knobs (read by :func:`config.settings_from_env`):
+
+    ELASTIC_RAY_LAB_DIR          state/config/log dir; absolute       [<repo>/.lab]
+    ELASTIC_RAY_LAB_SUBNET       first three octets of the /24        [10.78.0]
+                                 (host and controller .1, node k at .(10+k))
+    ELASTIC_RAY_LAB_BRIDGE       bridge name, at most 11 characters   [erlab0]
+    ELASTIC_RAY_LAB_PRIVATE_TMP  1|0: per-node /tmp, /var/tmp, /dev/shm   [1]
+                                 Forced to 0 (with a note) when the repo or the python that
+                                 runs jobs lives under one of those dirs: nodes could not see it.
+    ELASTIC_RAY_LAB_PYTHON_PREFIX  sys.prefix of the python that will run jobs   [sys.prefix]
+
+Python API for tests: :func:`up`, :func:`down`, :func:`is_up`, :func:`slurm_conf_path`,
+:func:`nodes`, :func:`lab_dir`.  Must run as root.  Standard library only: integration/lab
+runs it with the system python3, outside any virtualenv.
+
+One module per job, so that what the lab *is* can be checked without root
+(tests/test_lab_config.py) and what it *does* stays in thin shells around it:
+
+    config     the knobs, the node layout and every file the lab writes, as text (pure)
+    report     the one-line progress log on stderr
+    procs      pid files, liveness, short commands, self-daemonizing starts, stopping by PID
+    packages   the Debian packages the lab needs (apt)
+    files      the lab dir, the rendered configs on disk, fake GPU devices, /etc/slurm links
+    net        the bridge, one network namespace and veth pair per node, /etc/hosts in place
+    daemons    munged, slurmctld, the slurmds, node states, the lab's processes, cgroups
+    lifecycle  the state file, up (fresh start or repair), down, is_up, nodes
+    cli        ``lab up|down|status|env``
+
+Every name of the single module this package was (``integration/labctl.py``) is re-exported
+here, so ``from integration import labctl`` then ``labctl.up(4)``, ``labctl.slurmd_pid(...)``
+or ``labctl.DEFAULT_NODES`` work as before.  Names with a leading underscore are shared
+between the package's modules only.
+"""
+
+from __future__ import annotations
+
+from .cli import EXIT_DOWN, main
+from .config import (
+    CPUS_PER_NODE,
+    CTL_HOSTNAME,
+    DEFAULT_NODES,
+    MEM_PER_NODE,
+    NVIDIA_MAJOR,
+    PARTITION_GRES,
+    PARTITIONS,
+    PRIVATE_DIRS,
+    REPO,
+    LabError,
+    LabInfo,
+    Node,
+    Settings,
+    choose_proctrack,
+    compute_layout,
+    fingerprint,
+    gpu_device_paths,
+    hosts_markers,
+    is_under,
+    node_boot_script,
+    parse_gres,
+    private_mounts,
+    render_cgroup_conf,
+    render_gres_conf,
+    render_hosts_block,
+    render_slurm_conf,
+    settings_from_env,
+    strip_hosts_block,
+    with_hosts_block,
+)
+from .daemons import (
+    CTLD_TIMEOUT,
+    IDLE_TIMEOUT,
+    control_pids,
+    ctld_answers,
+    ctld_pid,
+    daemon_env,
+    munged_pid,
+    node_pids,
+    node_states,
+    remove_cgroups,
+    slurmd_pid,
+    start_munged,
+    start_slurmctld,
+    start_slurmd,
+    wait_nodes,
+)
+from .files import link_etc_slurm, make_dirs, unlink_etc_slurm, write_files
+from .lifecycle import down, is_up, lab_dir, load_state, nodes, require_root, slurm_conf_path, state_nodes, up
+from .net import net_down, net_intact, net_up, netns_pids, rewrite_hosts
+from .packages import PACKAGES, ensure_packages, missing_packages
+from .procs import STEP_SETTLE, TERM_GRACE, children_of, owned_pid, pid_alive, poll_until, read_pid, stop_pids
+from .report import log
+
+__all__ = [
+    # config
+    "CPUS_PER_NODE", "CTL_HOSTNAME", "DEFAULT_NODES", "MEM_PER_NODE", "NVIDIA_MAJOR", "PARTITION_GRES",
+    "PARTITIONS", "PRIVATE_DIRS", "REPO", "LabError", "LabInfo", "Node", "Settings", "choose_proctrack",
+    "compute_layout", "fingerprint", "gpu_device_paths", "hosts_markers", "is_under", "node_boot_script",
+    "parse_gres", "private_mounts", "render_cgroup_conf", "render_gres_conf", "render_hosts_block",
+    "render_slurm_conf", "settings_from_env", "strip_hosts_block", "with_hosts_block",
+    # report, procs, packages, files, net
+    "log",
+    "STEP_SETTLE", "TERM_GRACE", "children_of", "owned_pid", "pid_alive", "poll_until", "read_pid", "stop_pids",
+    "PACKAGES", "ensure_packages", "missing_packages",
+    "link_etc_slurm", "make_dirs", "unlink_etc_slurm", "write_files",
+    "net_down", "net_intact", "net_up", "netns_pids", "rewrite_hosts",
+    # daemons
+    "CTLD_TIMEOUT", "IDLE_TIMEOUT", "control_pids", "ctld_answers", "ctld_pid", "daemon_env", "munged_pid",
+    "node_pids", "node_states", "remove_cgroups", "slurmd_pid", "start_munged", "start_slurmctld",
+    "start_slurmd", "wait_nodes",
+    # lifecycle, cli
+    "down", "is_up", "lab_dir", "load_state", "nodes", "require_root", "slurm_conf_path", "state_nodes", "up",
+    "EXIT_DOWN", "main",
+]

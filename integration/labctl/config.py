@@ -1,0 +1,402 @@
+"""What the lab is, decided before anything starts: the knobs, the layout, every file as text.
+
+``settings_from_env`` reads the ``ELASTIC_RAY_LAB_*`` knobs (listed in the package's docstring,
+``integration/labctl/__init__.py``) from the mapping it is given; the rest renders slurm.conf,
+gres.conf, cgroup.conf, the /etc/hosts block and a node's boot script from those settings.
+
+Pure on purpose: nothing here starts, writes, signals or installs anything (it only reads the
+environment mapping and resolves paths), so tests/test_lab_config.py checks it without root
+and without a lab, and the effects stay in the modules that call it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, NamedTuple
+
+REPO = Path(__file__).resolve().parents[2]  # integration/labctl/config.py -> the repository
+
+CTL_HOSTNAME = "slurmctl"
+CPUS_PER_NODE = 4  # fake, accepted thanks to SlurmdParameters=config_overrides
+MEM_PER_NODE = 8192  # MB, fake as well
+DEFAULT_NODES = 4
+PARTITIONS = ("cpu", "gpu-a", "gpu-b")  # round-robin order; "cpu" is the default partition
+PARTITION_GRES = {"cpu": None, "gpu-a": "gpu:a40:4", "gpu-b": "gpu:h100:2"}
+NVIDIA_MAJOR = 195  # fake GPUs are char devices with NVIDIA's major number; never opened
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+class LabError(RuntimeError):
+    """The lab could not be brought up or down.  ``log_file`` names the log worth reading."""
+
+    def __init__(self, message: str, log_file: Path | None = None):
+        super().__init__(message)
+        self.log_file = log_file
+
+
+class Node(NamedTuple):
+    name: str
+    ip: str
+    partition: str
+    gres: str | None  # e.g. "gpu:a40:4"; None for CPU-only nodes
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything that is decided before anything is started (from the environment)."""
+
+    lab_dir: Path
+    subnet: str
+    bridge: str
+    private_tmp: bool
+    notes: tuple[str, ...] = ()  # things worth telling the user (e.g. private tmp forced off)
+
+    @property
+    def ctl_ip(self) -> str:
+        return f"{self.subnet}.1"
+
+    @property
+    def etc(self) -> Path:
+        return self.lab_dir / "etc"
+
+    @property
+    def conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.lab_dir / "log"
+
+    @property
+    def pid_dir(self) -> Path:
+        return self.lab_dir / "pid"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.lab_dir / "munge"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def shared_dir(self) -> Path:
+        # Visible at the same path on the host and on every node (unlike /tmp); for job
+        # scripts and outputs.  Wiped by `up` (fresh start) and `down`.
+        return self.lab_dir / "shared"
+
+    @property
+    def state_file(self) -> Path:
+        # The last layout brought up.  Kept after `down` on purpose: a later `down` (e.g. after
+        # a crash) still knows which netns and cgroups belong to this lab.
+        return self.lab_dir / "lab.json"
+
+    @property
+    def hosts_tag(self) -> str:
+        return f"elastic-ray-lab {self.lab_dir}"
+
+    def netns(self, node: str) -> str:
+        # Prefixed with the bridge name so that two labs with different bridges never collide.
+        return f"{self.bridge}-{node}"
+
+    def veth(self, index: int) -> str:
+        # Host side of node k's veth pair.  Interface names are limited to 15 characters,
+        # which is why the bridge name is limited to 11.
+        return f"{self.bridge}v{index}"
+
+    def slurmd_pidfile(self, node: str) -> Path:
+        return self.pid_dir / f"slurmd-{node}.pid"
+
+    def slurmd_log(self, node: str) -> Path:
+        return self.log_dir / f"slurmd-{node}.log"
+
+    def node_dir(self, node: str) -> Path:
+        return self.lab_dir / "nodes" / node
+
+
+@dataclass
+class LabInfo:
+    lab_dir: Path
+    conf: Path
+    nodes: list[Node]
+    private_tmp: bool
+    shared_dir: Path
+    action: str = "up"  # "started", "repaired" or "up" (nothing to do)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def export_line(self) -> str:
+        return f"export SLURM_CONF={shlex.quote(str(self.conf))}"
+
+
+def is_under(path: str | os.PathLike, parents: Iterable[str]) -> bool:
+    """True if ``path`` is one of ``parents`` or inside one of them (after resolving links)."""
+    p = os.path.realpath(path)
+    for parent in parents:
+        parent = os.path.realpath(parent)
+        if p == parent or p.startswith(parent.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def settings_from_env(env: dict[str, str] | None = None) -> Settings:
+    """Read and validate the ELASTIC_RAY_LAB_* knobs (listed in the package's docstring)."""
+    env = os.environ if env is None else env
+    notes: list[str] = []
+
+    lab_dir = env.get("ELASTIC_RAY_LAB_DIR") or str(REPO / ".lab")
+    if not os.path.isabs(lab_dir):
+        raise LabError(f"ELASTIC_RAY_LAB_DIR must be absolute, got {lab_dir!r}")
+    lab_dir = os.path.normpath(lab_dir)
+    if lab_dir == "/":
+        raise LabError("ELASTIC_RAY_LAB_DIR must not be /")
+
+    subnet = env.get("ELASTIC_RAY_LAB_SUBNET", "10.78.0")
+    if not re.fullmatch(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})", subnet) or any(
+        int(o) > 255 for o in subnet.split(".")
+    ):
+        raise LabError(f"ELASTIC_RAY_LAB_SUBNET must be three octets like 10.78.0, got {subnet!r}")
+
+    bridge = env.get("ELASTIC_RAY_LAB_BRIDGE", "erlab0")
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,10}", bridge):
+        raise LabError(f"ELASTIC_RAY_LAB_BRIDGE must be 1-11 letters/digits/_, got {bridge!r}")
+
+    raw_tmp = env.get("ELASTIC_RAY_LAB_PRIVATE_TMP", "1")
+    if raw_tmp not in ("0", "1"):
+        raise LabError(f"ELASTIC_RAY_LAB_PRIVATE_TMP must be 0 or 1, got {raw_tmp!r}")
+    private_tmp = raw_tmp == "1"
+
+    if private_tmp:
+        # Nodes get their own /tmp etc.; anything the jobs need from there would vanish.
+        prefix = env.get("ELASTIC_RAY_LAB_PYTHON_PREFIX")
+        needed = {"the repository": str(REPO)}
+        if prefix:
+            needed["ELASTIC_RAY_LAB_PYTHON_PREFIX"] = prefix
+        else:
+            needed["sys.prefix"] = sys.prefix
+            needed["sys.base_prefix"] = sys.base_prefix
+        hidden = [f"{what} ({path})" for what, path in needed.items() if is_under(path, PRIVATE_DIRS)]
+        if hidden:
+            private_tmp = False
+            notes.append(
+                "private /tmp turned OFF: "
+                + ", ".join(hidden)
+                + " is under /tmp, /var/tmp or /dev/shm and nodes would not see it"
+            )
+    if private_tmp and is_under(lab_dir, PRIVATE_DIRS):
+        raise LabError(
+            f"ELASTIC_RAY_LAB_DIR={lab_dir} is under /tmp, /var/tmp or /dev/shm, which every node "
+            "replaces with its own; choose another dir or set ELASTIC_RAY_LAB_PRIVATE_TMP=0"
+        )
+    return Settings(Path(lab_dir), subnet, bridge, private_tmp, tuple(notes))
+
+
+def compute_layout(n: int, subnet: str) -> list[Node]:
+    """Deal n nodes round-robin over the partitions, then group them by partition.
+
+    n=4 -> cpu-1, cpu-2, gpua-1, gpub-1; n=5 adds gpua-2; n=6 adds gpub-2.  IPs follow the
+    grouped order: the k-th node (1-based) gets .(10+k).
+    """
+    if not 1 <= n <= 200:
+        raise LabError(f"node count must be between 1 and 200, got {n}")
+    per_partition = {p: 0 for p in PARTITIONS}
+    for i in range(n):
+        per_partition[PARTITIONS[i % len(PARTITIONS)]] += 1
+    result: list[Node] = []
+    for part in PARTITIONS:
+        for j in range(1, per_partition[part] + 1):
+            k = len(result) + 1
+            name = f"{part.replace('-', '')}-{j}"
+            result.append(Node(name, f"{subnet}.{10 + k}", part, PARTITION_GRES[part]))
+    return result
+
+
+def choose_proctrack(mounts_text: str) -> str:
+    """proctrack/cgroup needs a cgroup v1 freezer; without one fall back to linuxproc.
+
+    (linuxproc cannot kill children that daemonized out of a job, but works everywhere.)
+    """
+    for line in mounts_text.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "cgroup" and "freezer" in fields[3].split(","):
+            return "cgroup"
+    return "linuxproc"
+
+
+def render_slurm_conf(s: Settings, layout: list[Node], proctrack: str) -> str:
+    lab = s.lab_dir
+    lines = [
+        # This line still names the module labctl was before it became a package: the text is
+        # part of the fingerprint, and a new one would make the next `up` restart a running lab
+        # of the same layout (instead of repairing it) once.
+        "# Generated by integration/labctl.py -- edits are lost on the next `lab up`.",
+        "ClusterName=erlab",
+        # The controller's UTS hostname is slurmctl, which must match SlurmctldHost.
+        f"SlurmctldHost={CTL_HOSTNAME}({s.ctl_ip})",
+        "SlurmctldPort=6817",
+        "SlurmdPort=6818",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        # Our own munged socket.  cred_expire (default 120 s) also delays a requeued job's restart.
+        f"AuthInfo=socket={s.munge_socket},cred_expire=30",
+        f"StateSaveLocation={lab}/state/ctld",
+        # %n = node name: all slurmds share this file, so per-node paths need it.
+        f"SlurmdSpoolDir={lab}/state/spool/%n",
+        f"SlurmctldPidFile={s.pid_dir}/slurmctld.pid",
+        f"SlurmdPidFile={s.pid_dir}/slurmd-%n.pid",
+        f"SlurmctldLogFile={s.log_dir}/slurmctld.log",
+        f"SlurmdLogFile={s.log_dir}/slurmd-%n.log",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        # Without a working mailer slurmctld complains about every job.
+        "MailProg=/bin/true",
+        "MpiDefault=none",
+        f"ProctrackType=proctrack/{proctrack}",
+        # The 4 CPUs / 8 GB per node are fiction, so nothing may be pinned or constrained.
+        "TaskPlugin=task/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        # Without accounting, this file is the only record of a job older than MinJobAge.
+        "JobCompType=jobcomp/filetxt",
+        f"JobCompLoc={s.log_dir}/jobcomp.log",
+        "SchedulerType=sched/backfill",
+        # Start submitted jobs on the next 1 s tick instead of batching them for 3 s; rescan
+        # time-eligible jobs (requeue, --begin) every 5 s instead of 60/30 s.
+        "SchedulerParameters=batch_sched_delay=0,sched_interval=5,bf_interval=5",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_CPU_Memory",
+        "DefMemPerCPU=256",
+        "GresTypes=gpu",
+        "SlurmdParameters=config_overrides",
+        # 1: an admin "state=down" sticks (node-failure tests need that), while a node that was
+        # merely unreachable comes back as soon as its slurmd registers again.
+        "ReturnToService=1",
+        "SlurmdTimeout=20",
+        "SlurmctldTimeout=30",
+        "MessageTimeout=10",
+        "TCPTimeout=2",
+        "BatchStartTimeout=10",
+        "KillWait=10",
+        "OverTimeLimit=0",
+        "InactiveLimit=0",
+        # Finished jobs stay visible in squeue -t all / scontrol for 10 minutes.
+        "MinJobAge=600",
+    ]
+    for node in layout:
+        gres = f" Gres={node.gres}" if node.gres else ""
+        lines.append(
+            f"NodeName={node.name} NodeAddr={node.ip} NodeHostname={node.name} "
+            f"CPUs={CPUS_PER_NODE} RealMemory={MEM_PER_NODE}{gres} State=UNKNOWN"
+        )
+    for i, part in enumerate(p for p in PARTITIONS if any(n.partition == p for n in layout)):
+        members = ",".join(n.name for n in layout if n.partition == part)
+        default = "YES" if i == 0 else "NO"
+        lines.append(f"PartitionName={part} Nodes={members} Default={default} MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def parse_gres(gres: str) -> tuple[str, str, int]:
+    """'gpu:a40:4' -> ('gpu', 'a40', 4)."""
+    name, gtype, count = gres.split(":")
+    return name, gtype, int(count)
+
+
+def gpu_device_paths(s: Settings, node: Node) -> list[Path]:
+    if not node.gres:
+        return []
+    _, _, count = parse_gres(node.gres)
+    return [s.lab_dir / "dev" / node.name / f"nvidia{i}" for i in range(count)]
+
+
+def render_gres_conf(s: Settings, layout: list[Node]) -> str:
+    # AutoDetect would look for NVML and real GPUs; our devices are listed explicitly.
+    lines = ["AutoDetect=off"]
+    for node in layout:
+        if node.gres:
+            name, gtype, count = parse_gres(node.gres)
+            files = f"{s.lab_dir}/dev/{node.name}/nvidia[0-{count - 1}]"
+            lines.append(f"NodeName={node.name} Name={name} Type={gtype} File={files}")
+    return "\n".join(lines) + "\n"
+
+
+def render_cgroup_conf() -> str:
+    # Only read with proctrack/cgroup, and only for tracking: constraining the fake resources
+    # would break jobs.  cgroup/v2 in 22.05 wants systemd, which this machine may not have.
+    return "\n".join(
+        [
+            "CgroupPlugin=cgroup/v1",
+            "CgroupAutomount=no",
+            "ConstrainCores=no",
+            "ConstrainRAMSpace=no",
+            "ConstrainDevices=no",
+        ]
+    ) + "\n"
+
+
+def hosts_markers(tag: str) -> tuple[str, str]:
+    return f"# >>> {tag} >>>", f"# <<< {tag} <<<"
+
+
+def strip_hosts_block(text: str, tag: str) -> str:
+    """Remove our marked block (and nothing else) from /etc/hosts content."""
+    begin, end = hosts_markers(tag)
+    out, inside = [], False
+    for line in text.splitlines(keepends=True):
+        stripped = line.rstrip("\n")
+        if stripped == begin:
+            inside = True
+        elif stripped == end and inside:
+            inside = False
+        elif not inside:
+            out.append(line)
+    return "".join(out)
+
+
+def render_hosts_block(tag: str, ctl_ip: str, layout: list[Node]) -> str:
+    begin, end = hosts_markers(tag)
+    rows = [f"{ctl_ip} {CTL_HOSTNAME}"] + [f"{n.ip} {n.name}" for n in layout]
+    return "\n".join([begin, *rows, end]) + "\n"
+
+
+def with_hosts_block(text: str, tag: str, block: str) -> str:
+    base = strip_hosts_block(text, tag)
+    if base and not base.endswith("\n"):
+        base += "\n"
+    return base + block
+
+
+def node_boot_script(s: Settings, node: Node) -> str:
+    """The shell snippet that turns fresh UTS+mount namespaces into node ``node`` and execs slurmd.
+
+    Writing /proc/sys/kernel/hostname sets the hostname of the *current* UTS namespace, so no
+    `hostname` binary is needed.  slurmd then takes its NodeName from that hostname.
+    """
+    q = shlex.quote
+    cmds = ["set -e", f"echo {q(node.name)} > /proc/sys/kernel/hostname"]
+    if s.private_tmp:
+        for src, dst in private_mounts(s, node.name):
+            cmds.append(f"mount --bind {q(str(src))} {q(dst)}")
+    cmds.append(f"exec slurmd -f {q(str(s.conf))}")
+    return "\n".join(cmds)
+
+
+def private_mounts(s: Settings, node: str) -> list[tuple[Path, str]]:
+    d = s.node_dir(node)
+    return [(d / "tmp", "/tmp"), (d / "var_tmp", "/var/tmp"), (d / "shm", "/dev/shm")]
+
+
+def fingerprint(files: dict[str, str], s: Settings) -> str:
+    """Identity of a lab configuration: same fingerprint -> repair in place, else restart."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
+    h.update(f"private_tmp={s.private_tmp} bridge={s.bridge}".encode())
+    return h.hexdigest()[:16]

@@ -1,0 +1,58 @@
+"""The lab's own files on disk: its directories, the rendered configs, fake GPU devices and
+the /etc/slurm links that let a plain ``sbatch`` find the lab."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from .config import NVIDIA_MAJOR, Node, Settings, gpu_device_paths, private_mounts
+from .report import log
+
+
+def write_files(s: Settings, files: dict[str, str], layout: list[Node]) -> None:
+    s.etc.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (s.etc / name).write_text(text)
+    for node in layout:
+        for i, dev in enumerate(gpu_device_paths(s, node)):
+            dev.parent.mkdir(parents=True, exist_ok=True)
+            if not dev.exists():
+                try:
+                    os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, i))
+                except PermissionError:
+                    dev.touch()  # still schedules; slurmd merely warns that it is no device
+
+
+def link_etc_slurm(s: Settings) -> None:
+    """Let plain `sbatch` (without SLURM_CONF) find the lab, but never replace a real config."""
+    os.makedirs("/etc/slurm", exist_ok=True)
+    for name in ("slurm.conf", "gres.conf", "cgroup.conf"):
+        link, target = Path("/etc/slurm") / name, s.etc / name
+        if os.path.islink(link) and os.readlink(link) == str(target):
+            continue
+        if os.path.lexists(link):
+            log(f"note: {link} exists and is not ours; clients need SLURM_CONF={s.conf}")
+            continue
+        os.symlink(target, link)
+
+
+def unlink_etc_slurm(s: Settings) -> None:
+    for name in ("slurm.conf", "gres.conf", "cgroup.conf"):
+        link = Path("/etc/slurm") / name
+        if os.path.islink(link) and os.readlink(link) == str(s.etc / name):
+            link.unlink()
+
+
+def make_dirs(s: Settings, layout: list[Node]) -> None:
+    for d in (s.lab_dir, s.etc, s.log_dir, s.pid_dir, s.lab_dir / "state" / "ctld", s.shared_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    os.chmod(s.lab_dir, 0o755)
+    s.munge_dir.mkdir(exist_ok=True)
+    os.chmod(s.munge_dir, 0o755)  # munged refuses a socket dir that others cannot traverse
+    for node in layout:
+        (s.lab_dir / "state" / "spool" / node.name).mkdir(parents=True, exist_ok=True)
+        for src, _ in private_mounts(s, node.name):
+            src.mkdir(parents=True, exist_ok=True)
+            os.chmod(src, 0o1777)  # like the real /tmp: world-writable, sticky

@@ -1,0 +1,246 @@
+"""The lab's life: the state file, ``up`` (a fresh start, or a repair of the same layout),
+``down``, and the questions tests ask (``is_up``, ``nodes``, ``lab_dir``, ``slurm_conf_path``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from .config import (
+    DEFAULT_NODES,
+    LabError,
+    LabInfo,
+    Node,
+    Settings,
+    choose_proctrack,
+    compute_layout,
+    fingerprint,
+    render_cgroup_conf,
+    render_gres_conf,
+    render_hosts_block,
+    render_slurm_conf,
+    settings_from_env,
+    strip_hosts_block,
+    with_hosts_block,
+)
+from .daemons import (
+    control_pids,
+    ctld_pid,
+    node_pids,
+    remove_cgroups,
+    start_munged,
+    start_slurmctld,
+    start_slurmd,
+    wait_nodes,
+)
+from .files import link_etc_slurm, make_dirs, unlink_etc_slurm, write_files
+from .net import net_down, net_intact, net_up, rewrite_hosts
+from .packages import ensure_packages
+from .procs import pid_alive, stop_pids
+from .report import _since, log
+
+
+def load_state(s: Settings) -> dict | None:
+    try:
+        return json.loads(s.state_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def state_nodes(state: dict | None) -> list[Node]:
+    return [Node(*row) for row in (state or {}).get("nodes", [])]
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the Slurm lab must run as root (namespaces, bridge, /etc/hosts)")
+
+
+def lab_dir() -> Path:
+    return settings_from_env().lab_dir
+
+
+def slurm_conf_path() -> Path:
+    return settings_from_env().conf
+
+
+def _other_lab_dirs(s: Settings) -> list[str]:
+    """Lab dirs named by the markers of other labs in /etc/hosts."""
+    try:
+        text = Path("/etc/hosts").read_text()
+    except OSError:
+        return []
+    found = []
+    for line in text.splitlines():
+        if line.startswith("# >>> elastic-ray-lab "):
+            where = line[len("# >>> elastic-ray-lab "):].rstrip(" >")
+            if where != str(s.lab_dir) and where not in found:
+                found.append(where)
+    return found
+
+
+def _running(s: Settings) -> bool:
+    return load_state(s) is not None and pid_alive(ctld_pid(s))
+
+
+def is_up() -> bool:
+    """True when this lab's slurmctld is alive (zombie-aware) and its layout is recorded."""
+    try:
+        return _running(settings_from_env())
+    except LabError:
+        return False
+
+
+def nodes() -> list[Node]:
+    """The running lab's nodes as (name, ip, partition, gres) tuples; [] when it is down."""
+    s = settings_from_env()
+    return state_nodes(load_state(s)) if _running(s) else []
+
+
+def up(n: int = DEFAULT_NODES) -> LabInfo:
+    """Bring up an n-node lab, or repair the running one if it has the same layout."""
+    t0 = time.monotonic()
+    s = settings_from_env()
+    require_root()
+    for note in s.notes:
+        log(note)
+    s.log_dir.mkdir(parents=True, exist_ok=True)
+    ensure_packages(s)
+
+    layout = compute_layout(n, s.subnet)
+    proctrack = choose_proctrack(Path("/proc/mounts").read_text())
+    files = {
+        "slurm.conf": render_slurm_conf(s, layout, proctrack),
+        "gres.conf": render_gres_conf(s, layout),
+        "cgroup.conf": render_cgroup_conf(),
+    }
+    fp = fingerprint(files, s)
+    info = LabInfo(s.lab_dir, s.conf, layout, s.private_tmp, s.shared_dir, notes=list(s.notes))
+
+    state = load_state(s)
+    if state and state.get("fingerprint") == fp and net_intact(s, layout):
+        repaired = _repair(s, layout)
+        info.action = "repaired" if repaired else "up"
+        what = f"restarted {', '.join(repaired)}" if repaired else "nothing to do"
+        log(f"up: {n} nodes already running; {what} ({_since(t0)})")
+        return info
+
+    if state is None and Path(f"/sys/class/net/{s.bridge}").exists():
+        # The bridge belongs to a lab we have no record of (another checkout's
+        # lab dir): taking it down would kill someone else's cluster, and a
+        # second lab could not bind Slurm's fixed ports anyway.
+        owners = _other_lab_dirs(s)
+        raise LabError(f"bridge {s.bridge} is in use by another lab ({', '.join(owners) or 'unknown dir'}); "
+                       f"stop it with ELASTIC_RAY_LAB_DIR=<that dir> integration/lab down, or reuse it by "
+                       f"setting ELASTIC_RAY_LAB_DIR")
+    if state is not None or Path(f"/sys/class/net/{s.bridge}").exists():
+        if _running(s):
+            log("up: a lab with another layout or config is running; restarting it")
+        _down(s, quiet=True)
+
+    try:
+        _fresh_start(s, layout, files, fp, proctrack)
+    except BaseException:
+        # Leave nothing half-started behind (a munged without a controller,
+        # namespaces without nodes): undo, then report the original error.
+        try:
+            _down(s, quiet=True)
+        except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+            log(f"up: cleanup after the failed start also failed: {exc}")
+        raise
+    info.action = "started"
+    log(f"up: {n} nodes in {_since(t0)} (proctrack/{proctrack}, private tmp "
+        f"{'on' if s.private_tmp else 'off'})")
+    return info
+
+
+def _fresh_start(s: Settings, layout: list[Node], files: dict[str, str], fp: str,
+                 proctrack: str) -> None:
+    # A fresh cluster forgets old jobs and node dirs, but keeps the munge key and the logs
+    # (truncated, so that errors in them belong to this run).
+    for sub in ("state", "pid", "nodes", "dev", "etc", "shared"):
+        shutil.rmtree(s.lab_dir / sub, ignore_errors=True)
+    make_dirs(s, layout)
+    for logf in s.log_dir.glob("*.log"):
+        if logf.name != "apt.log":
+            logf.write_text("")
+    write_files(s, files, layout)
+    # Written before anything is created, so that `down` can always find what to remove,
+    # even if the knobs in the environment have changed since.
+    s.state_file.write_text(json.dumps(
+        {"fingerprint": fp, "bridge": s.bridge, "subnet": s.subnet, "proctrack": proctrack,
+         "private_tmp": s.private_tmp, "nodes": [list(n) for n in layout]}, indent=1) + "\n")
+    link_etc_slurm(s)
+    block = render_hosts_block(s.hosts_tag, s.ctl_ip, layout)
+    rewrite_hosts(lambda text: with_hosts_block(text, s.hosts_tag, block))
+    net_up(s, layout)
+    start_munged(s)
+    start_slurmctld(s)
+    for node in layout:
+        start_slurmd(s, node)
+    wait_nodes(s, [n.name for n in layout], lambda st: st == "idle", "idle")
+
+
+def _repair(s: Settings, layout: list[Node]) -> list[str]:
+    """Restart whatever died (munged, slurmctld, single slurmds) without touching jobs.
+
+    slurmctld recovers its jobs from StateSaveLocation, and a restarted slurmd reattaches to
+    the slurmstepds of running jobs through its spool dir.
+    """
+    make_dirs(s, layout)
+    link_etc_slurm(s)
+    block = render_hosts_block(s.hosts_tag, s.ctl_ip, layout)
+    rewrite_hosts(lambda text: with_hosts_block(text, s.hosts_tag, block))
+    restarted = []
+    if start_munged(s):
+        restarted.append("munged")
+    ctld_restarted = start_slurmctld(s)
+    if ctld_restarted:
+        restarted.append("slurmctld")
+    nodes_restarted = [n.name for n in layout if start_slurmd(s, n)]
+    restarted += [f"slurmd@{n}" for n in nodes_restarted]
+    # Nodes may be running jobs, so "idle" is too strict: wait until the restarted ones respond
+    # (all of them after a slurmctld restart: it recovers every node as "unk" until it
+    # re-registers).  A trailing '*' means "not responding"; an admin's plain "down" stays.
+    to_wait = [n.name for n in layout] if ctld_restarted else nodes_restarted
+    wait_nodes(s, to_wait, lambda st: not st.endswith("*") and st not in ("unk", "missing"),
+               "responding")
+    return restarted
+
+
+def down() -> None:
+    """Stop everything this lab started and remove its traces; harmless when already down."""
+    s = settings_from_env()
+    require_root()
+    _down(s)
+
+
+def _down(s: Settings, quiet: bool = False) -> None:
+    t0 = time.monotonic()
+    state = load_state(s) or {}
+    layout = state_nodes(state)
+    # Names of netns/bridge come from what was actually brought up, not from today's knobs.
+    s = dataclasses.replace(s, bridge=state.get("bridge", s.bridge))
+    # Nodes first, while slurmctld and munged still answer: a slurmd that is cleaning up a job
+    # keeps retrying to report to a vanished controller for MessageTimeout (10 s).
+    pids, slurmds = node_pids(s, layout)
+    left = stop_pids(pids, slurmds) if pids else set()
+    ctl = control_pids(s)
+    left |= stop_pids(ctl, ctl) if ctl else set()
+    pids |= ctl
+    net_down(s, layout)
+    if os.path.exists("/etc/hosts"):
+        rewrite_hosts(lambda text: strip_hosts_block(text, s.hosts_tag))
+    remove_cgroups(layout)
+    unlink_etc_slurm(s)
+    for sub in ("state", "pid", "nodes", "shared"):
+        shutil.rmtree(s.lab_dir / sub, ignore_errors=True)
+    (s.munge_dir / "munged.pid").unlink(missing_ok=True)  # the key stays, the PID is history
+    if left:
+        raise LabError(f"down: processes still alive after SIGKILL: {sorted(left)}")
+    if not quiet:
+        log(f"down: stopped {len(pids)} processes in {_since(t0)} (logs kept in {s.log_dir})")
