@@ -104,8 +104,10 @@ def import_times(python: Path, tree: Path) -> tuple[float, dict[str, float]]:
 
 def to_spawn(python: Path, tree: Path, sess: Path, job: str) -> float | None:
     """Seconds from exec of the agent to its log line before `ray start`."""
+    from elastic_ray.protocol.disk import paths
+
     node = f"bench{job}"
-    log = sess / "logs" / f"agent-{job}-{node}.log"
+    log = paths.agent_log(sess, job, node)
     argv = [str(python), "-m", "elastic_ray.agent", "run", "--session", str(sess), "--job", job,
             "--role", "head", "--node", node]
     t0 = time.time()

@@ -71,6 +71,7 @@ from elastic_ray import Session, SlurmRunAllocationConfig, SlurmWorkerAllocation
 from elastic_ray import polling  # noqa: E402
 from elastic_ray.agent.node import gcs  # noqa: E402
 from elastic_ray.config.launcher import RayLauncher  # noqa: E402
+from elastic_ray.protocol.disk import paths  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_FAILOVER_RUNS", "3"))
 WORK = REPO / ".lab" / "test-work" / "bench-failover"
@@ -489,10 +490,12 @@ def ours_run(index: int, base: Path) -> dict[str, Any]:
 def timeline(session: Session, coord_path: Path, t0: float, t_end: float, old_head: str,
              worker_job: str) -> dict[str, Any]:
     """Where the time went, from the agents' and the coordinator's logs."""
-    logs = session.path / "logs"
+    logs = sorted(paths.log_dir(session.path).iterdir())
     events = parse_log(coord_path, "coord")
-    for p in sorted(logs.glob("agent-*.log")):
-        job = p.name.split("-")[1]
+    for p in logs:
+        if (named := paths.parse_agent_log_name(p.name)) is None:
+            continue
+        job = named[0]
         who = "head" if job == old_head else ("worker" if job == worker_job else f"job{job}")
         events += parse_log(p, who)
     events.sort(key=lambda e: e[0])
@@ -528,8 +531,10 @@ def timeline(session: Session, coord_path: Path, t0: float, t_end: float, old_he
     marks["worker agent: JOINED"] = first(events, "worker", "state_changed", start,
                                           lambda f: f.get("state") == "JOINED")
     # `ray start`'s own progress, from its logs (timestamps of Ray's CLI).
-    hosted = [x for p in logs.glob(f"ray-{worker_job}-*-head-hosted.log") for x in parse_ray_log(p)]
-    rejoin = [x for p in logs.glob(f"ray-{worker_job}-*-worker.log") for x in parse_ray_log(p) if x[0] >= start]
+    ray_logs = [(p, named) for p in logs if (named := paths.parse_ray_log_name(p.name)) and named[0] == worker_job]
+    hosted = [x for p, (_, _, role, on_host) in ray_logs if role == "head" and on_host for x in parse_ray_log(p)]
+    rejoin = [x for p, (_, _, role, on_host) in ray_logs if role == "worker" and not on_host
+              for x in parse_ray_log(p) if x[0] >= start]
     for label, entries in (("hosted head", hosted), ("worker Ray (new head)", rejoin)):
         for what in ("Local node IP", "Ray runtime started"):
             marks[f"{label}: ray start printed '{what}'"] = next((t for t, w in sorted(entries) if w == what), None)

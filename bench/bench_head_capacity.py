@@ -57,6 +57,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from elastic_ray.protocol.disk import paths  # noqa: E402
 from integration.faults import lab_ops  # noqa: E402
 from integration.faults.harness import Result, run_scenario  # noqa: E402
 from integration.faults.scenarios import BY_NAME  # noqa: E402
@@ -82,9 +83,10 @@ def _events_of(log: Path) -> list[tuple[float, str, str]]:
 def _agent_logs(session_dir: Path) -> dict[tuple[str, str], Path]:
     """(job, node) -> the agent's log (``logs/agent-<job>-<node>.log``)."""
     found = {}
-    for p in (session_dir / "logs").glob("agent-*.log"):
-        _, job, node = p.stem.split("-", 2)
-        found[(job, node)] = p
+    for p in paths.log_dir(session_dir).glob("agent-*.log"):
+        named = paths.parse_agent_log_name(p.name)
+        if named is not None:
+            found[named] = p
     return found
 
 

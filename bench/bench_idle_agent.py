@@ -46,6 +46,7 @@ from elastic_ray.config.launcher import RayLauncher  # noqa: E402
 from elastic_ray.coordinator.head.headwatch import HeadWatch  # noqa: E402
 from elastic_ray.coordinator.session import Session  # noqa: E402
 from elastic_ray.polling import wait_for  # noqa: E402
+from elastic_ray.protocol.disk import paths  # noqa: E402
 
 
 def poll(predicate, timeout: float, interval: float = 0.1):
@@ -199,7 +200,7 @@ def main() -> int:
               f"(agent pid {worker['pid']}); {psutil.cpu_count()} CPUs; settling {args.settle:.0f} s", flush=True)
         time.sleep(args.settle)
         rows, machine = measure_windows(procs, args.windows, args.seconds)
-        worker_log = session.dir.log_dir / f"agent-{handle.job_id}-{worker['node']}.log"
+        worker_log = paths.agent_log(session.path, handle.job_id, worker["node"])
         loss = head_loss(session, head, handle.job_id, worker_log)
     finally:
         session.teardown()

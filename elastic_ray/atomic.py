@@ -26,7 +26,8 @@ from .errors import CorruptFileError
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or link in ``directory`` durable; a filesystem that refuses it is let be."""
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -39,7 +40,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _naming(exc: OSError, target: Path) -> OSError:
+def naming_error(exc: OSError, target: Path) -> OSError:
     """The same error (same errno, so the same OSError subclass) with the
     target in it: ``[Errno 28] No space left on device`` alone does not say
     which file of which session could not be written."""
@@ -63,7 +64,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
-        raise _naming(exc, target) from exc
+        raise naming_error(exc, target) from exc
     try:
         os.fchmod(fd, mode)
         view = memoryview(data)
@@ -84,10 +85,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o
             pass
         exc = sys.exc_info()[1]
         if isinstance(exc, OSError):
-            raise _naming(exc, target) from exc
+            raise naming_error(exc, target) from exc
         raise
     if durable:
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, mode: int = 0o600, *, durable: bool = True) -> None:

@@ -10,7 +10,8 @@ The token is derived from the session secret (HMAC-SHA256, 64 hex
 characters like Ray's own ``ray get-auth-token --generate``), so any process
 that may read the secret can recompute it and nothing new needs to be kept
 safe. It reaches Ray through ``RAY_AUTH_TOKEN_PATH``: a file ``ray_token``
-(0600) in the session directory (0700), written by ``SessionDir``. A path in
+(0600) in the session directory (0700; its name is
+``protocol.disk.paths.ray_token_file``), written by ``SessionDir``. A path in
 the environment is no secret; the token itself never appears in an argv nor
 in any process's environment, and ``srun`` or ``sbatch`` never carry it.
 
@@ -33,8 +34,6 @@ import hmac
 import os
 from collections.abc import Mapping, MutableMapping
 
-#: The file next to the session secret that holds the Ray token.
-TOKEN_FILE_NAME = "ray_token"
 _TOKEN_CONTEXT = b"elastic-ray/ray-auth-token/v1"
 
 #: Inherited variables removed from every Ray process's environment (Ray reads

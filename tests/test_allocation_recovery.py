@@ -103,7 +103,7 @@ def test_the_description_names_what_would_come_back():
 def test_a_lagging_backup_is_refused_with_the_command_and_the_file_left_alone(session):
     for job in ("101", "102"):
         session.update_allocation(add_worker(job))
-    atomic_write_json(session.backup_file, session._read_generation(1).to_dict())   # the backup lags (a full disk)
+    atomic_write_json(session.backup_file, session.generations.read(1).to_dict())   # the backup lags (a full disk)
     session.allocation_file.write_bytes(b"\x00garbage")                               # and gen 2 with it: one inode
     with pytest.raises(CorruptFileError, match=r"generation 2 was committed.*elastic-ray session repair") as info:
         session.read_allocation()
@@ -138,7 +138,7 @@ def test_a_damaged_generation_file_behind_a_lagging_copy_is_restored(session):
     session.update_allocation(add_worker("101"))
     session.update_allocation(add_worker("102"))
     # As if the writer of generation 2 died before replacing the copy.
-    atomic_write_json(session.allocation_file, session._read_generation(1).to_dict())   # the copy lags
+    atomic_write_json(session.allocation_file, session.generations.read(1).to_dict())   # the copy lags
     session.generation_file(2).write_bytes(b"{")                                         # and gen 2 is damaged
     restored = session.read_allocation()   # the backup holds generation 2
     assert set(restored.workers) == {"101", "102"} and restored.generation == 3
@@ -183,7 +183,7 @@ def test_the_repair_command_shows_then_restores_with_yes(session):
     assert result.exit_code == 0 and "nothing to repair" in result.output
     for job in ("101", "102"):
         session.update_allocation(add_worker(job))
-    atomic_write_json(session.backup_file, session._read_generation(1).to_dict())
+    atomic_write_json(session.backup_file, session.generations.read(1).to_dict())
     session.allocation_file.write_bytes(b"")
     result = runner.invoke(main, ["session", "repair", str(session.path)])
     assert result.exit_code == 0, result.output

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from elastic_ray.atomic import atomic_write_json, read_json
-from elastic_ray.protocol.disk import session_dir as session_dir_module
+from elastic_ray.protocol.disk import generations as generations_module
 from elastic_ray.protocol.disk.records import SessionInfo, WorkerRecord
 from elastic_ray.protocol.disk.session_dir import SessionDir
 from tests.helpers import node_state
@@ -88,14 +88,14 @@ def test_a_full_filesystem_fails_the_update_and_keeps_the_record(small_fs):
 
 def test_a_backup_that_cannot_be_written_does_not_fail_a_committed_update(tmp_path, monkeypatch, caplog):
     session = SessionDir.create(tmp_path / "sess", make_info())
-    real = session_dir_module.atomic_write_json
+    real = generations_module.atomic_write_json
 
     def full(path, obj, mode=0o600):
         if Path(path) == session.backup_file:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real(path, obj, mode)
 
-    monkeypatch.setattr(session_dir_module, "atomic_write_json", full)
+    monkeypatch.setattr(generations_module, "atomic_write_json", full)   # the commit writes the backup
     with caplog.at_level("WARNING"):
         record = session.update_allocation(add_worker("101"))   # committed once, no error, no retry
     assert record.generation == 1 and session.read_allocation() == record

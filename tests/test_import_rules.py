@@ -126,7 +126,7 @@ PURE_MODULES: tuple[str, ...] = (
     "agent/slurm/slurmd_rules.py", "agent/slurm/walltime.py",
     "agent/node/health_check.py", "agent/node/ray_args.py",
     "coordinator/head/election.py", "coordinator/allocations/ownership.py",
-    "protocol/disk/recovery.py", "protocol/wire/head_status.py",
+    "protocol/disk/recovery.py", "protocol/disk/paths.py", "protocol/wire/head_status.py",
     "config/allocation.py", "config/queue.py", "config/slurm_values.py",
     "scheduler/states.py", "scheduler/slurm_parse.py",
     "cli/options.py", "cli/render_plan.py", "cli/status_model.py", "cli/status_view.py",
@@ -201,6 +201,133 @@ def test_the_checker_catches_each_kind_of_violation(relative, source, expected):
 ])
 def test_the_checker_accepts_what_the_rule_allows(relative, source):
     assert violations({relative: source}) == []
+
+
+# A module's underscore names are its own: another module that needs one
+# asks for it to be made public (as ``atomic.fsync_dir`` was). Otherwise a
+# private helper grows callers its owner does not know of, and the module's
+# invariants (``SessionDir``'s generation files were the case) leak out.
+# Counted: ``from X import _y`` where X is another module of the package (or
+# ``from pkg import _module``), and ``m._y`` where ``m`` names a module of the
+# package imported in the file, and ``p._y`` where ``p`` is a parameter
+# annotated with a class imported from another module of the package
+# (``allocation_repair`` once drove ``sd: "SessionDir"``'s ``sd._commit``).
+# Other attributes of objects (``self._x``, another instance of one's own
+# class) are the class's business, not checked here.
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _module_names(sources: Mapping[str, str]) -> set[str]:
+    names = set()
+    for relative in sources:
+        path = Path(relative)
+        parts = ["elastic_ray", *path.parent.parts] + ([] if path.name == "__init__.py" else [path.stem])
+        names.add(".".join(parts))
+    return names
+
+
+def private_imports(sources: Mapping[str, str]) -> list[str]:
+    """Every use of another module's private name in a tree given as ``{path relative to elastic_ray/: source}``."""
+    modules = _module_names(sources)
+    found = []
+    for relative, source in sorted(sources.items()):
+        path = Path(relative)
+        is_package = path.name == "__init__.py"
+        dotted = ["elastic_ray", *path.parent.parts] + ([] if is_package else [path.stem])
+        own = ".".join(dotted)
+        package = dotted if is_package else dotted[:-1]
+        tree = ast.parse(source)
+        bound: dict[str, str] = {}     # a name in this file -> the package module it stands for
+        classes: dict[str, str] = {}   # a name imported from another package module -> that module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname and alias.name in modules:
+                        bound[alias.asname] = alias.name
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    if f"{target}.{alias.name}" in modules:
+                        bound[alias.asname or alias.name] = f"{target}.{alias.name}"
+                    elif target in modules and target != own:
+                        classes[alias.asname or alias.name] = target
+                    if _is_private(alias.name) and target.split(".")[0] == "elastic_ray" and target != own:
+                        found.append(f"{relative}:{node.lineno}: imports {alias.name} from {target}")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and _is_private(node.attr) and isinstance(node.value, ast.Name)
+                    and node.value.id in bound and bound[node.value.id] != own):
+                found.append(f"{relative}:{node.lineno}: uses {node.attr} of {bound[node.value.id]}")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                typed = {a.arg: _annotation_name(a.annotation)
+                         for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if a.annotation is not None}
+                foreign = {name: classes[kind] for name, kind in typed.items() if kind in classes}
+                for inner in ast.walk(node):
+                    if (isinstance(inner, ast.Attribute) and _is_private(inner.attr)
+                            and isinstance(inner.value, ast.Name) and inner.value.id in foreign):
+                        found.append(f"{relative}:{inner.lineno}: uses {inner.attr} of a "
+                                     f"{typed[inner.value.id]} ({foreign[inner.value.id]})")
+    return found
+
+
+def _annotation_name(annotation: ast.expr) -> str | None:
+    """``SessionDir`` for ``SessionDir``, ``"SessionDir"`` and ``SessionDir | None``."""
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        try:
+            annotation = ast.parse(annotation.value, mode="eval").body
+        except SyntaxError:
+            return None
+    if isinstance(annotation, ast.BinOp):
+        return _annotation_name(annotation.left) or _annotation_name(annotation.right)
+    return annotation.id if isinstance(annotation, ast.Name) else None
+
+
+def test_no_module_uses_another_module_s_private_names():
+    broken = private_imports(package_sources())
+    assert not broken, "private names used across modules:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("relative, source, expected", [
+    ("protocol/disk/session_dir.py", "from ...atomic import _fsync_dir\n",
+     "imports _fsync_dir from elastic_ray.atomic"),
+    ("protocol/disk/session_dir.py", "def f():\n    from elastic_ray.atomic import _naming\n",
+     "imports _naming from elastic_ray.atomic"),
+    ("agent/node/node_address.py", "from .ray_args import check_ip, _check_ip as ok\n",
+     "imports _check_ip from elastic_ray.agent.node.ray_args"),
+    ("protocol/disk/allocation_repair.py", "from . import session_dir\nsession_dir._flock\n",
+     "uses _flock of elastic_ray.protocol.disk.session_dir"),
+    ("cli/create.py", "from elastic_ray.cli import output as out\nout._err()\n", "uses _err of elastic_ray.cli.output"),
+    ("cli/create.py", "import elastic_ray.cli.output as out\nout._err()\n", "uses _err of elastic_ray.cli.output"),
+    ("cli/create.py", "from . import _helpers\n", "imports _helpers from elastic_ray.cli"),
+    ("protocol/disk/allocation_repair.py",
+     "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .session_dir import SessionDir\n"
+     "def gather(sd: \"SessionDir\") -> None:\n    sd._generations()\n",
+     "uses _generations of a SessionDir (elastic_ray.protocol.disk.session_dir)"),
+])
+def test_the_private_check_catches_each_kind(relative, source, expected):
+    sources = {relative: source, "atomic.py": "", "protocol/disk/session_dir.py": "", "cli/output.py": "",
+               "agent/node/ray_args.py": "", "cli/__init__.py": ""}
+    sources[relative] = source
+    found = private_imports(sources)
+    assert any(expected in v for v in found), found
+
+
+@pytest.mark.parametrize("source", [
+    "from __future__ import annotations\n",
+    "from . import __version__\n",
+    "from .output import err_console\n",
+    "class A:\n    def f(self, other):\n        return self._x, other._x\n",
+    "import os\nos._exit(0)\n",
+    "from . import output\noutput.__name__\n",
+])
+def test_the_private_check_accepts_what_the_rule_allows(source):
+    assert private_imports({"cli/create.py": source, "cli/output.py": "", "cli/__init__.py": ""}) == []
 
 
 # The core must import (and so install and run) without Dagster: the agent,

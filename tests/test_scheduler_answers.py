@@ -17,7 +17,7 @@ import pytest
 
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.allocations import answers, pacing
-from elastic_ray.coordinator.allocations.answers import ANSWER_FILE, SchedulerAnswer, SharedAnswers
+from elastic_ray.coordinator.allocations.answers import SchedulerAnswer, SharedAnswers
 from elastic_ray.coordinator.allocations.jobs import SessionJobs
 from elastic_ray.coordinator.allocations.pacing import SchedulerLooks, next_check_delay
 from elastic_ray.protocol.disk.records import SessionInfo
@@ -109,7 +109,7 @@ def test_a_stale_answer_means_asking_once_and_storing_it(tmp_path):
                                      json.dumps({**_answer(0.0).to_dict(), "protocol_version": 2}).encode()])
 def test_a_damaged_answer_file_is_ignored(tmp_path, content):
     shared = SharedAnswers(tmp_path)
-    (tmp_path / ANSWER_FILE).write_bytes(content)
+    (tmp_path / "scheduler-answer.json").write_bytes(content)
     assert shared.read() is None
     ask = Asks(shared)
     _, asked = shared.get("er-x", "alice", ["1"], 3600.0, ask)

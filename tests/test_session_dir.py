@@ -18,6 +18,7 @@ import filelock
 import pytest
 
 from elastic_ray.errors import CorruptFileError, SessionDirError, UnsafePathError
+from elastic_ray.protocol.disk import generations
 from elastic_ray.protocol.disk import session_dir as session_dir_module
 from elastic_ray.atomic import atomic_write_json, read_json
 from elastic_ray.protocol.disk.records import (
@@ -275,7 +276,7 @@ def test_without_a_working_flock_the_generation_swap_loses_nothing(session):
     assert len(rec.workers) == 200
     assert rec.generation == 200
     # Clutter stays bounded: only the last generations are kept.
-    assert len(list(session.generation_dir.glob("*.json"))) <= session_dir_module.KEEP_GENERATIONS
+    assert len(list(session.generation_dir.glob("*.json"))) <= generations.KEEP_GENERATIONS
 
 
 def test_a_writer_that_loses_the_race_computes_its_change_again(session, monkeypatch):

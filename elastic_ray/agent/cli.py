@@ -65,6 +65,7 @@ def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str 
         node_index: int, poll_interval: float, head_lost_after: float, backoff_base: float,
         start_timeout: float, head_drain_lead: float, rejoin_order: str) -> None:
     """Run the agent of one node (started by the batch script through srun)."""
+    from ..protocol.disk import paths
     from ..protocol.disk.records import check_job_id
     from .runner import Agent, AgentOptions
 
@@ -74,7 +75,7 @@ def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str 
         raise click.UsageError(str(exc)) from None
     node = node or socket.gethostname()
     node_ip = node_ip or node_address(session_dir, node)
-    log_file = session_dir / "logs" / f"agent-{job_id}-{node}.log"
+    log_file = paths.agent_log(session_dir, job_id, node)
     _setup_logging(log_file)
     click.echo(f"elastic-agent {__version__}: job {job_id} node {node} ({node_ip}) role {role}; log: {log_file}",
                err=True)

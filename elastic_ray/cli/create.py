@@ -16,9 +16,9 @@ import click
 
 from ..config.session_file import SESSION_ENV, SessionFileError, load_session_file
 from ..coordinator.session import Session
-from .output import JSON_OPTION, JsonCommand, Progress, _err, echo_json, failures_as_click
+from .output import JSON_OPTION, JsonCommand, Progress, err_console, echo_json, failures_as_click
 from .render_plan import plan_jobs
-from .session import _scheduler_override
+from .session import scheduler_override
 
 _CONFIG = click.option("--config", "config_file", required=True, metavar="FILE",
                        type=click.Path(dir_okay=False, path_type=Path), help="The session file (TOML).")
@@ -53,10 +53,10 @@ def create_cmd(ctx: click.Context, config_file: Path, directory: Path | None, wa
     except SessionFileError as exc:
         raise _usage(exc) from None
     overrides: dict[str, Any] = {"path": path, "supervise": False}
-    if (scheduler := _scheduler_override(ctx)) is not None:
+    if (scheduler := scheduler_override(ctx)) is not None:
         overrides["scheduler"] = scheduler
     session = sf.create(Session, **overrides)
-    err = _err()
+    err = err_console()
     try:
         record = session.record()
         err.print(f"created session {session.job_name} in {session.path}: head job {record.head_job}, "
@@ -99,7 +99,8 @@ def render_cmd(config_file: Path, directory: Path | None, as_json: bool) -> None
             for j in jobs]})
         return
     if "job_name" not in sf.create_kwargs:
-        _err().print("note: the file sets no job_name; `session create` picks a new er-XXXXXXXX name", markup=False)
+        err_console().print("note: the file sets no job_name; `session create` picks a new er-XXXXXXXX name",
+                            markup=False)
     for index, job in enumerate(jobs):
         if index:
             click.echo()

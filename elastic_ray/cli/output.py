@@ -29,12 +29,12 @@ from ..errors import ElasticRayError
 SCHEMA = "elastic-ray/1"
 
 
-def _out() -> Console:
+def out_console() -> Console:
     # Wide enough for the table when piped (a log, a test), natural width on a terminal.
     return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
 
 
-def _err() -> Console:
+def err_console() -> Console:
     return Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
 

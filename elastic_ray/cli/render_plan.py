@@ -17,6 +17,7 @@ from ..config import SlurmWorkerAllocationConfig, inherit_worker_config, resolve
 from ..config.launcher import RayLauncher
 from ..config.session_file import SessionFile
 from ..coordinator.allocations import submit
+from ..protocol.disk import paths
 from ..protocol.disk.session_dir import SessionDir
 from ..scheduler.render import render_batch_script
 
@@ -41,7 +42,7 @@ def plan_jobs(sf: SessionFile, directory: Path, job_name: str | None = None) -> 
     spec_no = iter(range(1, 1000))
 
     def spec_path() -> Path:
-        return session.path / "specs" / f"worker-dryrun{next(spec_no)}.json"
+        return paths.worker_spec_file(session.path, f"dryrun{next(spec_no)}")
 
     first: SlurmWorkerAllocationConfig | None = None    # the earliest worker allocation, as resolved
     if sf.create_kwargs.get("ray_head_only", True):

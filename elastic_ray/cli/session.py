@@ -31,8 +31,8 @@ from ..protocol.disk.recovery import describe
 from ..protocol.disk.session_dir import SessionDir
 from ..scheduler.base import Scheduler
 from .options import OptionError, parse_ray_resources, worker_config
-from .output import (JSON_OPTION, JsonCommand, Progress, _err, _out, echo_json, failures_as_click, one_line,
-                     session_directory)
+from .output import (JSON_OPTION, JsonCommand, Progress, echo_json, err_console, failures_as_click, one_line,
+                     out_console, session_directory)
 from .status_model import answer_outdated, build_status, health, job_sort_key
 from .status_view import format_duration, render_status
 
@@ -45,7 +45,7 @@ STATE_POLL = 0.5
 
 # =============================================================== effects: session access
 
-def _scheduler_override(ctx: click.Context) -> Scheduler | None:
+def scheduler_override(ctx: click.Context) -> Scheduler | None:
     """Tests (and embedding programs) may hand in a scheduler through ``obj``."""
     obj = ctx.find_root().obj
     return obj.get("scheduler") if isinstance(obj, dict) else None
@@ -90,7 +90,7 @@ def collect_status(session: Session, heartbeat_wait: float = HEARTBEAT_WAIT,
 
 
 def _session_path(ctx: click.Context, directory: Path | None) -> Session:
-    return open_session(session_directory(directory), _scheduler_override(ctx))
+    return open_session(session_directory(directory), scheduler_override(ctx))
 
 
 # DIR may be left out when $ELASTIC_RAY_SESSION names the session (output.session_directory).
@@ -157,7 +157,7 @@ def status_cmd(ctx: click.Context, directory: Path | None, as_json: bool, max_ag
     session = _session_path(ctx, directory)
     try:
         if watch is not None:
-            watch_status(session, watch, watch_max_age(max_age), _out())
+            watch_status(session, watch, watch_max_age(max_age), out_console())
             return
         status = collect_status(session, max_age=watch_max_age(max_age))
     finally:
@@ -166,12 +166,12 @@ def status_cmd(ctx: click.Context, directory: Path | None, as_json: bool, max_ag
     if as_json:
         echo_json("session status", {**status, **({"check": {"code": code, "reasons": reasons}} if check else {})})
     else:
-        _out().print(render_status(status))
+        out_console().print(render_status(status))
         if status["scheduler_answer_age"] is not None:
-            _err().print(f"scheduler answer: {status['scheduler_answer_age']:.1f} s old")
+            err_console().print(f"scheduler answer: {status['scheduler_answer_age']:.1f} s old")
         if check:
             for reason in reasons:
-                _err().print(f"check: {reason}", markup=False)
+                err_console().print(f"check: {reason}", markup=False)
     if check:
         ctx.exit(code)
 
@@ -232,7 +232,7 @@ def add_worker_cmd(ctx: click.Context, directory: Path | None, wait: bool, timeo
         exc.ctx = ctx
         raise
     session = _session_path(ctx, directory)
-    err = _err()
+    err = err_console()
     try:
         handle = session.add_worker_allocation(config, resubmit_on_failure=resubmit_on_failure)
         if not as_json:
@@ -280,7 +280,7 @@ def remove_worker_cmd(ctx: click.Context, directory: str | None, job: str | None
         if job not in session.record().workers:
             raise click.BadParameter(f"job {job} is not a worker allocation of this session",
                                      ctx=ctx, param_hint="JOB")
-        with Progress(_err(), f"job {job}: draining") as progress:
+        with Progress(err_console(), f"job {job}: draining") as progress:
             state = session.remove_worker_allocation(job, drain_timeout=drain_timeout, wait=wait,
                                                      progress=progress)
         if as_json:
@@ -288,7 +288,7 @@ def remove_worker_cmd(ctx: click.Context, directory: str | None, job: str | None
         else:
             click.echo(state)
         if not wait:
-            _err().print(f"job {job}: drain requested; its nodes leave within {format_duration(drain_timeout)}",
+            err_console().print(f"job {job}: drain requested; its nodes leave within {format_duration(drain_timeout)}",
                          markup=False)
     finally:
         session.close()
@@ -310,7 +310,7 @@ def replace_head_cmd(ctx: click.Context, directory: Path | None, timeout: float,
     """
     session = _session_path(ctx, directory)
     try:
-        with Progress(_err(), "checking the head") as progress:
+        with Progress(err_console(), "checking the head") as progress:
             head = session.replace_head(timeout=timeout, progress=progress)
         if as_json:
             echo_json("session replace-head", {"job_id": head.job_id, "address": head.address})
@@ -342,7 +342,7 @@ def teardown_cmd(ctx: click.Context, directory: Path | None, timeout: float, as_
             record = session.record()
             extra = [*record.predecessors, *([record.successor] if record.successor else [])]
         except ElasticRayError as exc:      # a damaged record: teardown finds the jobs without it
-            _err().print(f"warning: {one_line(exc)}", markup=False)
+            err_console().print(f"warning: {one_line(exc)}", markup=False)
             extra = []
         try:
             cancelled = sorted(session.teardown(extra), key=job_sort_key)
@@ -355,7 +355,7 @@ def teardown_cmd(ctx: click.Context, directory: Path | None, timeout: float, as_
             jobs = {job: info for job, info in session.jobs.listing(watched).items() if job in watched}
             return jobs, sorted((j for j, i in jobs.items() if i.state.is_active), key=job_sort_key)
 
-        with Progress(_err(), f"cancelling {len(cancelled)} job(s)") as progress:
+        with Progress(err_console(), f"cancelling {len(cancelled)} job(s)") as progress:
             jobs, _ = wait_for(  # type: ignore[misc]
                 look, timeout=timeout, interval=STATE_POLL, done=lambda seen: not seen[1],
                 progress=lambda seen: progress(f"waiting for {len(seen[1])} job(s) to end: {', '.join(seen[1])}"),

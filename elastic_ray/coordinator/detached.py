@@ -41,6 +41,7 @@ from filelock import FileLock, Timeout
 
 from ..atomic import atomic_write_text
 from ..polling import wait_for
+from ..protocol.disk import paths
 
 log = logging.getLogger(__name__)
 
@@ -52,26 +53,25 @@ ABANDON_AFTER = 24 * 3600.0  # s without any client call before supervision ends
 
 
 def remote_dir(session: str | Path) -> Path:
-    return Path(session) / "remote"
+    return paths.remote_dir(Path(session))
 
 
 def touch_last_call(session: str | Path) -> None:
     """Note that a client called (the abandonment clock starts again)."""
-    d = remote_dir(session)
-    if d.is_dir():
-        atomic_write_text(d / "last_call", f"{time.time():.3f}\n", durable=False)
+    if remote_dir(session).is_dir():
+        atomic_write_text(paths.last_call_file(Path(session)), f"{time.time():.3f}\n", durable=False)
 
 
 def last_call_time(session: Path, default: float) -> float:
     try:
-        return float((remote_dir(session) / "last_call").read_text().split()[0])
+        return float(paths.last_call_file(Path(session)).read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return default
 
 
 def _pid_file(session: str | Path) -> tuple[int, str] | None:
     try:
-        pid, host = (remote_dir(session) / "supervisor.pid").read_text().split()[:2]
+        pid, host = paths.supervisor_pid_file(Path(session)).read_text().split()[:2]
         return int(pid), host
     except (OSError, ValueError):
         return None
@@ -80,10 +80,9 @@ def _pid_file(session: str | Path) -> tuple[int, str] | None:
 def running_pid(session: str | Path) -> int | None:
     """The supervisor's PID if one holds the lock (-1 while its PID file is
     not written yet, or when it runs on another host), else None."""
-    d = remote_dir(session)
-    if not d.is_dir():
+    if not remote_dir(session).is_dir():
         return None
-    lock = FileLock(str(d / "supervisor.lock"))
+    lock = FileLock(str(paths.supervisor_lock_file(Path(session))))
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -100,10 +99,10 @@ def ensure_supervisor(session: str | Path, interval: float = 30.0, abandon_after
     pid = running_pid(session)
     if pid is not None:
         return pid
-    (remote_dir(session) / "stop").unlink(missing_ok=True)
-    logs = session / "logs"
-    logs.mkdir(mode=0o700, exist_ok=True)
-    with open(logs / "detached-supervisor.log", "ab") as out:
+    paths.stop_marker(session).unlink(missing_ok=True)
+    log_file = paths.detached_log(session)
+    log_file.parent.mkdir(mode=0o700, exist_ok=True)
+    with open(log_file, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "elastic_ray.coordinator.detached_run", str(session),
                                  str(interval), str(abandon_after)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
@@ -118,7 +117,7 @@ def stop_supervisor(session: str | Path, wait: float = STOP_WAIT) -> int | None:
     Nothing to do (and no file written) for a session that never had one."""
     if not remote_dir(session).is_dir():
         return None
-    atomic_write_text(remote_dir(session) / "stop", f"{time.time()}\n")
+    atomic_write_text(paths.stop_marker(Path(session)), f"{time.time()}\n")
     pid = running_pid(session)
     if pid is not None and pid > 0:
         try:

@@ -20,7 +20,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ..atomic import atomic_write_text
-from .detached import ABANDON_AFTER, CHECK_INTERVAL, IDLE_INTERVAL, last_call_time, remote_dir, why_end
+from ..protocol.disk import paths
+from .detached import ABANDON_AFTER, CHECK_INTERVAL, IDLE_INTERVAL, last_call_time, why_end
 
 log = logging.getLogger("elastic_ray.coordinator.detached")
 
@@ -35,7 +36,7 @@ def _all_ended(session) -> bool:
 def serve(path: Path, interval: float, abandon_after: float = ABANDON_AFTER) -> int:
     from .session import Session
 
-    lock = FileLock(str(remote_dir(path) / "supervisor.lock"))
+    lock = FileLock(str(paths.supervisor_lock_file(path)))
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -43,14 +44,14 @@ def serve(path: Path, interval: float, abandon_after: float = ABANDON_AFTER) -> 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    atomic_write_text(remote_dir(path) / "supervisor.pid", f"{os.getpid()} {socket.gethostname()}\n")
+    atomic_write_text(paths.supervisor_pid_file(path), f"{os.getpid()} {socket.gethostname()}\n")
     session = Session.open(path, supervise=True, supervise_interval=interval)
     log.info("event=detached_supervisor_up session=%s pid=%s", session.job_name, os.getpid())
     idle_interval = float(os.environ.get("ELASTIC_RAY_DETACHED_IDLE_INTERVAL") or IDLE_INTERVAL)
     started, idle, next_idle_check, why = time.time(), 0, time.monotonic() + idle_interval, None
     try:
         while why is None and not stop.wait(min(CHECK_INTERVAL, idle_interval)):
-            if (remote_dir(path) / "stop").exists():
+            if paths.stop_marker(path).exists():
                 break
             if time.monotonic() < next_idle_check:
                 continue
@@ -62,7 +63,7 @@ def serve(path: Path, interval: float, abandon_after: float = ABANDON_AFTER) -> 
             why = why_end(time.time(), last_call_time(path, started), abandon_after, idle)
     finally:
         session.close()
-        (remote_dir(path) / "supervisor.pid").unlink(missing_ok=True)
+        paths.supervisor_pid_file(path).unlink(missing_ok=True)
         lock.release()
         log.info("event=detached_supervisor_down session=%s why=%s", session.job_name, why or "stopped")
     return 0

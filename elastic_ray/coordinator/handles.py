@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import SlurmWorkerAllocationConfig
+from ..protocol.disk import paths
 from .allocations.failures import AllocationFailure, failure_of
 
 
@@ -63,11 +64,12 @@ class Head:
         return self.session.drain_job(self.job_id, drain_timeout, reason)
 
 
-def log_tail(log_dir: Path, job_id: str | None, role: str, lines: int = 15) -> str:
-    """The end of a job's output, for errors that say why a head or worker never got ready."""
+def log_tail(session: Path, job_id: str | None, role: str, lines: int = 15) -> str:
+    """The end of a job's output (``session``: its session directory), for errors that say why a
+    head or worker never got ready."""
     if job_id is None:
         return "no job"
-    path = log_dir / f"{role}-{job_id}.out"
+    path = paths.job_output(session, role, job_id)
     try:
         tail = path.read_text(errors="replace").splitlines()[-lines:]
     except OSError:

@@ -20,18 +20,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..config import (
-    SlurmRunAllocationConfig,
-    SlurmWorkerAllocationConfig,
-    inherit_worker_config,
-    rejoin_timeout_warning,
-    resolve_separate_head_config,
-)
+from ..config import (SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, inherit_worker_config,
+                      rejoin_timeout_warning, resolve_separate_head_config)
 from ..errors import AllocationFailed, ConfigError, SlurmAllocationEnded
 from ..config.launcher import RayLauncher
 from ..config.scheduler_choice import scheduler_kind
 from ..polling import wait_for
 from ..protocol.wire.channel import ControlClient, ControlError
+from ..protocol.disk import paths
 from ..protocol.disk.records import (
     AgentState, AllocationRecord, NodeState, SessionInfo, WorkerIntent, WorkerRecord, check_job_name,
 )
@@ -164,7 +160,7 @@ class Session:
             state_dir = getattr(scheduler, "state_dir", None)
         else:
             kind, sched_obj = scheduler_kind(scheduler), None
-            state_dir = Path(local_state_dir).absolute() if local_state_dir else path / "local-scheduler"
+            state_dir = Path(local_state_dir).absolute() if local_state_dir else paths.local_scheduler_dir(path)
         sched_info: dict[str, Any] = {"kind": kind}
         if kind == "local":
             sched_info["state_dir"] = str(state_dir)
@@ -296,7 +292,7 @@ class Session:
                 info = looks.info(head)
                 if info is not None and info.state.is_final:
                     raise AllocationFailed(f"head job {head} ended {info.state.value} before it was ready; "
-                                           f"{log_tail(self.dir.log_dir, head, 'head')}", state=info.state.value, job_id=head)
+                                           f"{log_tail(self.dir.path, head, 'head')}", state=info.state.value, job_id=head)
                 text = f"head {head}: {state_text(info)}"
                 if progress:
                     progress(text)
@@ -304,7 +300,7 @@ class Session:
 
         return wait_for(address, timeout=timeout, interval=POLL_INTERVAL, error=lambda _: TimeoutError(
             f"no ready head within {timeout:.0f}s ({text or 'no head job named'}); "
-            f"{log_tail(self.dir.log_dir, head, 'head')}"))  # type: ignore[return-value]
+            f"{log_tail(self.dir.path, head, 'head')}"))  # type: ignore[return-value]
 
     # ------------------------------------------------------------ workers
     def _parent_configs(self, rec: AllocationRecord) -> tuple[SlurmRunAllocationConfig | None, SlurmRunAllocationConfig]:
@@ -368,7 +364,7 @@ class Session:
             if info is not None and info.state.is_final:
                 self.failure_watch.observe(self.record(), {job_id: info})
                 raise AllocationFailed(f"worker allocation {job_id} ended {info.state.value} with "
-                                       f"{len(joined)}/{wanted} nodes joined; {log_tail(self.dir.log_dir, job_id, 'worker')}",
+                                       f"{len(joined)}/{wanted} nodes joined; {log_tail(self.dir.path, job_id, 'worker')}",
                                        state=info.state.value, job_id=job_id)
             last, text = text, f"job {job_id}: {state_text(info)}, {len(joined)}/{wanted} nodes joined"
             if progress and text != last:
@@ -377,7 +373,7 @@ class Session:
 
         return wait_for(all_joined, timeout=timeout, interval=POLL_INTERVAL, error=lambda _: TimeoutError(
             f"worker allocation {job_id} not joined within {timeout:.0f}s ({text}); "
-            f"{log_tail(self.dir.log_dir, job_id, 'worker')}"))  # type: ignore[return-value]
+            f"{log_tail(self.dir.path, job_id, 'worker')}"))  # type: ignore[return-value]
 
     @property
     def secret(self) -> bytes:

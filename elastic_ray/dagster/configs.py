@@ -25,7 +25,7 @@ from ..config.launcher import RayLauncher as CoreRayLauncher
 from ..config.queue import SlurmQueue as CoreQueue
 
 
-def _dagster_type(hint: Any) -> Any:
+def dagster_type(hint: Any) -> Any:
     """Map a core annotation to one Dagster's config system accepts:
     tuples become lists, read-only mappings become dicts, ``X | None`` stays optional."""
     origin = typing.get_origin(hint)
@@ -33,16 +33,16 @@ def _dagster_type(hint: Any) -> Any:
     if origin in (Union, getattr(__import__("types"), "UnionType", Union)):
         inner = [a for a in args if a is not type(None)]
         if len(inner) == 1 and len(args) == 2:
-            return Optional[_dagster_type(inner[0])]
+            return Optional[dagster_type(inner[0])]
         raise TypeError(f"unsupported union {hint!r}")
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        return list[_dagster_type(args[0])]
+        return list[dagster_type(args[0])]
     if origin in (Mapping, dict) or origin is typing.Mapping:
-        return dict[_dagster_type(args[0]), _dagster_type(args[1])]
+        return dict[dagster_type(args[0]), dagster_type(args[1])]
     return hint
 
 
-def _default(f: dataclasses.Field) -> Any:
+def dagster_default(f: dataclasses.Field) -> Any:
     if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
         value = f.default_factory()  # type: ignore[misc]
         kind = list if isinstance(value, tuple) else dict if isinstance(value, Mapping) else None
@@ -99,7 +99,7 @@ def generate_config(name: str, core: type, *, base: type = _CoreBacked, doc: str
     for f in dataclasses.fields(core):
         if f.name in inherited:
             continue
-        definitions[f.name] = (_dagster_type(hints[f.name]), _default(f))
+        definitions[f.name] = (dagster_type(hints[f.name]), dagster_default(f))
     model = pydantic.create_model(name, __base__=base, __module__=__name__, **definitions)
     model.__core__ = core
     model.__core_fields__ = tuple(f.name for f in dataclasses.fields(core))

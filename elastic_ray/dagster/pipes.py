@@ -24,6 +24,7 @@ from dagster import (
 )
 
 from ..coordinator.session import Session
+from ..protocol.disk import paths
 from .run_session import RunSession
 
 
@@ -72,7 +73,7 @@ def run_pipes_payload(
                                         env=env, python=python, extras=extras, head_timeout=head_timeout,
                                         timeout=timeout)
     head = run_session.ready_head(timeout=head_timeout)
-    messages = run_session.path / "pipes" / f"{_step_label(context)}-{uuid.uuid4().hex[:8]}.jsonl"
+    messages = paths.pipes_file(run_session.path, _step_label(context), uuid.uuid4().hex[:8])
     messages.parent.mkdir(parents=True, exist_ok=True)
     argv = [python or sys.executable, str(script), *args]
     with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(),

@@ -29,8 +29,8 @@ from .configs import (
     SlurmQueueConfig,
     SlurmRunAllocationConfig,
     SlurmWorkerAllocationConfig,
-    _dagster_type,
-    _default,
+    dagster_default,
+    dagster_type,
 )
 from .pipes import run_pipes_payload
 from .run_session import RunSession, in_multiprocess_step, open_or_create, run_key, session_root
@@ -278,7 +278,7 @@ def _core_value(value: Any) -> Any:
 
 def _session_resource_fields() -> dict[str, Any]:
     hints = typing.get_type_hints(CoreRunAllocation)
-    return {f.name: (_dagster_type(hints[f.name]), _default(f)) for f in dataclasses.fields(CoreRunAllocation)}
+    return {f.name: (dagster_type(hints[f.name]), dagster_default(f)) for f in dataclasses.fields(CoreRunAllocation)}
 
 
 SlurmSessionResource = pydantic.create_model("SlurmSessionResource", __base__=_SessionResourceBase,

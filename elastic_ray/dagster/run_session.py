@@ -28,15 +28,15 @@ from ..config.launcher import RayLauncher
 from ..config.queue import RunLayout, SlurmQueue, resolve_worker_allocation
 from ..coordinator.facade import RunControl
 from ..coordinator.session import Head, Session, WorkerAllocation
+from ..protocol.disk import paths
 from ..scheduler.base import JobState
 
 log = logging.getLogger("elastic_ray.dagster")
 
 SESSION_ROOT_ENV = "ELASTIC_RAY_SESSION_ROOT"
 LOCK_TIMEOUT = 300.0
-# Marker the orphan sensor leaves after tearing a session down; reopening
-# the session (a re-execution) removes it.
-ENDED_SUFFIX = ".ended"
+# The marker the orphan sensor leaves after tearing a session down
+# (paths.ended_marker); reopening the session (a re-execution) removes it.
 
 
 def session_root(configured: str | None) -> Path:
@@ -158,15 +158,15 @@ def open_or_create(root: Path, key: str, *, layout: RunLayout, scheduler: str, l
     """
     root.mkdir(parents=True, exist_ok=True)
     path = root / key
-    with FileLock(str(root / f"{key}.lock"), timeout=LOCK_TIMEOUT):
-        if (path / "session.json").exists():
+    with FileLock(str(paths.creation_lock_file(path)), timeout=LOCK_TIMEOUT):
+        if paths.session_file(path).exists():
             session, created = Session.open(path, supervise=True), False
         else:
             session = Session.create(path, head=layout.head, scheduler=scheduler, launcher=launcher,
                                      ray_head_only=layout.ray_head_only, worker_allocation=layout.worker_allocation,
                                      job_name=job_name_for(key), supervise=True)
             created = True
-        (root / f"{key}{ENDED_SUFFIX}").unlink(missing_ok=True)
+        paths.ended_marker(path).unlink(missing_ok=True)
     run_session = RunSession(session, queue, created)
     log.info("event=run_session session=%s path=%s created=%s", session.job_name, path, created)
     if not created and run_session.head_is_lost():

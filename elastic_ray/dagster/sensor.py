@@ -18,8 +18,9 @@ from typing import Any
 import dagster
 
 from ..coordinator.session import Session
+from ..protocol.disk import paths
 from .orphans import OrphanAction, SessionJobs, decide
-from .run_session import ENDED_SUFFIX, session_root
+from .run_session import session_root
 
 log = logging.getLogger("elastic_ray.dagster")
 ROOT_RUN_ID_TAG = "dagster/root_run_id"
@@ -57,9 +58,9 @@ def reconcile_orphaned_sessions(instance: dagster.DagsterInstance, root: str | P
     verdicts: dict[str, OrphanAction] = {}
     if not base.is_dir():
         return verdicts
-    for path in sorted(p for p in base.iterdir() if (p / "session.json").is_file()):
+    for path in sorted(p for p in base.iterdir() if paths.session_file(p).is_file()):
         key = path.name
-        marker = base / f"{key}{ENDED_SUFFIX}"
+        marker = paths.ended_marker(path)
         if marker.exists():
             continue
         statuses = _run_statuses(instance, key)

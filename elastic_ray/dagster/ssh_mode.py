@@ -29,6 +29,7 @@ from pydantic import Field
 
 from ..config.launcher import RayLauncher
 from ..config.queue import RunLayout, SlurmQueue
+from ..protocol.disk import paths
 from ..remote import RemoteSession, SshConnection, SshTarget
 from .run_session import RunSession, job_name_for
 
@@ -83,10 +84,11 @@ def run_remote_pipes_payload(context: Any, run_session: RunSession, script: Path
     """Upload ``script`` next to the session, run it on the head, relay its Pipes messages."""
     remote: RemoteSession = run_session.session  # type: ignore[assignment]
     data = script.read_bytes()
-    uploaded = f"{remote.path}/payloads/{hashlib.sha256(data).hexdigest()[:16]}-{script.name}"
+    session = PurePosixPath(remote.path)     # the session directory, on the cluster side
+    uploaded = str(paths.payload_file(session, hashlib.sha256(data).hexdigest()[:16], script.name))
     remote.put_file(uploaded, data)
     head = run_session.ready_head(timeout=head_timeout)
-    messages = f"{remote.path}/pipes/{label}-{uuid.uuid4().hex[:8]}.jsonl"
+    messages = str(paths.pipes_file(session, label, uuid.uuid4().hex[:8]))
     with tempfile.TemporaryDirectory(prefix="er-pipes-") as tmp:
         local = Path(tmp) / "messages.jsonl"
         local.touch()

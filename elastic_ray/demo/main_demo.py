@@ -21,6 +21,7 @@ from rich.console import Console
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..coordinator.session import Session
 from ..errors import SlurmAllocationEnded
+from ..protocol.disk import paths
 from ..config.launcher import RayLauncher
 
 
@@ -53,9 +54,9 @@ def run_main_demo(scheduler: str, workdir: Path, console: Console, units: int = 
         nodes = session.wait_for_worker_allocation(gpu, timeout=180)
         t.step(f"worker allocation {gpu.job_id} (gpu-a, 2 GPUs, 2 CPUs) joined: {nodes}")
 
-        commits = path / "commits.txt"
+        commits = paths.demo_commits_file(path)
         argv = [sys.executable, "-m", "elastic_ray.demo.payload", str(commits), str(units)]
-        log = open(path / "payload.log", "a")
+        log = open(paths.demo_payload_log(path), "a")
         run = session.run(argv, stdout=log, stderr=log)
         t.step(f"payload started next to the head ({units} units of Ray work)")
 
@@ -86,7 +87,7 @@ def run_main_demo(scheduler: str, workdir: Path, console: Console, units: int = 
                + ("every unit exactly once" if ok else "[red]MISMATCH[/]"))
         # The payload's view, shortened to the moments the cluster changed.
         previous = None
-        for line in (path / "payload.log").read_text().splitlines():
+        for line in paths.demo_payload_log(path).read_text().splitlines():
             if not line.startswith("payload:"):
                 continue
             shape = line.split(";")[0].split(" on ")[-1] + line.split(";")[1] if ";" in line else line

@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 from .. import __version__
 from . import wire
 from ..coordinator import detached
+from ..protocol.disk import paths
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +119,8 @@ def op_open_or_create(args: Mapping[str, Any], reply: Reply) -> Any:
 
     path = _path(args)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with FileLock(str(path.parent / f"{path.name}.lock"), timeout=300):
-        created = not (path / "session.json").exists()
+    with FileLock(str(paths.creation_lock_file(path)), timeout=300):
+        created = not paths.session_file(path).exists()
         session = _create(args) if created else _session(args)
     return {**_describe(session, args), "created": created}
 

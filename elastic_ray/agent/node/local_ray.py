@@ -40,6 +40,7 @@ import psutil
 
 from ...config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ...config.launcher import RayLauncher
+from ...protocol.disk import paths
 from . import gcs, simulation
 from ..machine import DrainRay
 from .proc_watch import ProcWatch
@@ -148,7 +149,7 @@ class LocalRay:
                 token_path=self.token_path, ray_executable=exe)
         self._log("ray_memory", role=role, hosted=hosted, grant=plan.grant, source=plan.source, share=plan.share,
                   memory=plan.memory, object_store=plan.object_store)
-        log_path = p.log_dir / f"ray-{p.job_id}-{p.node}-{role}{'-hosted' if hosted else ''}.log"
+        log_path = p.log_dir / paths.ray_log_name(p.job_id, p.node, role, hosted)
         started = time.time()
         node = RayNode.start(cmd, log_path)
         address = head_address if role == "worker" else cmd.gcs_address

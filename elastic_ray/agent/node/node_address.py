@@ -10,7 +10,7 @@ Order: an explicit ``--node-ip``; else the launcher's setting; else
 ``ELASTIC_RAY_NODE_IP`` (the local scheduler sets it per emulated node);
 else the first non-loopback IPv4 address of the host name. Ray rewrites
 127.0.0.1 to another interface behind our back, so that address is refused
-whichever way it came (see ``ray_args._check_ip``).
+whichever way it came (see ``ray_args.check_ip``).
 
 Every failure is a :class:`NodeAddressError` whose message is one line
 naming the node and the interface or command, so the Slurm job's output
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 import psutil
 
 from ...errors import NodeAddressError
-from .ray_args import _check_ip
+from .ray_args import check_ip
 
 COMMAND_TIMEOUT = 30.0
 _STDERR_CHARS = 300   # of a failed command's stderr, in the one-line error
@@ -44,7 +44,7 @@ def _one_line(text: str, limit: int = _STDERR_CHARS) -> str:
 
 def _usable(address: str, node: str, source: str) -> str:
     try:
-        return _check_ip(address)
+        return check_ip(address)
     except ValueError as exc:
         raise NodeAddressError(f"node {node}: {source} gives {address}, which Ray cannot bind to ({exc})") from None
 

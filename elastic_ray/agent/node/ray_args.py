@@ -371,7 +371,7 @@ def check_temp_dir(temp_dir: str) -> str:
     return temp_dir.rstrip("/") or "/"
 
 
-def _check_ip(node_ip: str) -> str:
+def check_ip(node_ip: str) -> str:
     # 127.0.0.1 and localhost are silently replaced by the host's primary IP
     # (services.resolve_ip_for_localhost), which would put the node on the
     # wrong interface; 127.0.0.2 and up are kept.
@@ -440,7 +440,7 @@ def build_ray_start(
     """
     _check_role(role)
     auth_env = ray_auth_env(launcher.auth_mode, token_path)
-    node_ip = _check_ip(node_ip)
+    node_ip = check_ip(node_ip)
     temp_dir = check_temp_dir(temp_dir)
     if labels is not None and not isinstance(labels, Mapping):
         raise ValueError("labels must be a mapping")

@@ -30,12 +30,14 @@ from typing import Any
 
 from ...atomic import RECORD_ERRORS, atomic_write_json, read_record
 from ...errors import CorruptFileError
+from ...protocol.disk import paths
 from ...scheduler.base import JobInfo, JobState
 
 log = logging.getLogger("elastic_ray.coordinator")
 
-ANSWER_FILE = "scheduler-answer.json"
-LOCK_FILE = "scheduler-answer.lock"
+# The file and its lock: paths.answer_file, paths.answer_lock_file. Its
+# version is its own (the answer is a cache, not a record: a version this
+# elastic-ray does not read is ignored and Slurm asked, never refused).
 ANSWER_VERSION = 1
 # How long a process waits for another one's query before asking itself
 # (squeue on an overloaded controller can take this long).
@@ -154,8 +156,8 @@ class SharedAnswers:
 
     def __init__(self, directory: Path, *, clock: Callable[[], float] = time.time,
                  wait_for_other: float = WAIT_FOR_OTHER):
-        self.path = Path(directory) / ANSWER_FILE
-        self.lock_path = Path(directory) / LOCK_FILE
+        self.path = paths.answer_file(Path(directory))
+        self.lock_path = paths.answer_lock_file(Path(directory))
         self.clock = clock
         self.wait_for_other = wait_for_other
 
@@ -240,4 +242,4 @@ class SharedAnswers:
         return fd
 
 
-__all__ = ["ANSWER_FILE", "SchedulerAnswer", "SharedAnswers", "sharing_enabled"]
+__all__ = ["ANSWER_VERSION", "SchedulerAnswer", "SharedAnswers", "sharing_enabled"]

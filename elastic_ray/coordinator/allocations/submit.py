@@ -19,6 +19,7 @@ from pathlib import Path
 from ...config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ...config.launcher import RayLauncher
 from ...atomic import atomic_write_json
+from ...protocol.disk import paths
 from ...protocol.disk.records import AllocationRecord
 from ...protocol.disk.session_dir import SessionDir
 from ...scheduler.base import JobSpec
@@ -49,7 +50,7 @@ def head_spec(session: SessionDir, job_name: str, head: SlurmRunAllocationConfig
               launcher: RayLauncher) -> JobSpec:
     return JobSpec(job_name=job_name, role="head", allocation=head,
                    node_argv=agent_argv(session, "head", python=launcher.python_executable),
-                   workdir=session.path, output=str(session.log_dir / "head-%j.out"),
+                   workdir=session.path, output=str(paths.job_output_template(session.path, "head")),
                    env=agent_env(launcher), pre_start_commands=launcher.pre_start_commands)
 
 
@@ -60,9 +61,8 @@ def write_worker_spec(session: SessionDir, config: SlurmWorkerAllocationConfig, 
     allocation's first node hosts the run's head from the start (the
     default layout, where the run's first allocation hosts the head and
     computes)."""
-    directory = session.path / "specs"
-    directory.mkdir(mode=0o700, exist_ok=True)
-    path = directory / f"worker-{uuid.uuid4().hex[:12]}.json"
+    path = paths.worker_spec_file(session.path, uuid.uuid4().hex[:12])
+    path.parent.mkdir(mode=0o700, exist_ok=True)
     body: dict = {"config": config.to_dict()}
     if host_head:
         body["host_head"] = True
@@ -74,8 +74,8 @@ def worker_spec(session: SessionDir, job_name: str, config: SlurmWorkerAllocatio
                 launcher: RayLauncher, spec_path: Path) -> JobSpec:
     return JobSpec(job_name=job_name, role="worker", allocation=config,
                    node_argv=agent_argv(session, "worker", spec_path, python=launcher.python_executable),
-                   workdir=session.path, output=str(session.log_dir / "worker-%j.out"), env=agent_env(launcher),
-                   pre_start_commands=launcher.pre_start_commands)
+                   workdir=session.path, output=str(paths.job_output_template(session.path, "worker")),
+                   env=agent_env(launcher), pre_start_commands=launcher.pre_start_commands)
 
 
 def first_worker_config(record: AllocationRecord,

@@ -5,6 +5,10 @@ lock): gather what the directory shows, let :func:`.recovery.plan_recovery`
 decide, and either restore (one logged event, the damaged file kept aside
 for a person, never deleted) or raise one CorruptFileError that says why not
 and names the one command that does it by hand.
+
+What it touches of the directory is public: the record's generation files
+through :mod:`.generations` (``sd.generations``), every other name through
+:mod:`.paths`.
 """
 
 from __future__ import annotations
@@ -29,12 +33,32 @@ from .recovery import (
     legible_numbers,
     plan_recovery,
 )
-from .records import AllocationRecord, is_job_id
+from . import paths
+from .records import AllocationRecord
 
 if TYPE_CHECKING:
     from .session_dir import SessionDir
 
 log = logging.getLogger("elastic_ray.protocol.disk.session_dir")
+
+
+class RefusalMemory:
+    """The last reason automatic recovery was refused for one ``SessionDir``:
+    a reader that polls a damaged record logs the refusal once, not at every
+    read, and again only when the reason changes."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def is_new(self, why: str) -> bool:
+        """Whether ``why`` differs from the last refusal (and remember it)."""
+        if self.last == why:
+            return False
+        self.last = why
+        return True
+
+    def clear(self) -> None:
+        self.last = None
 
 
 def damaged_file(path: str, reason: str) -> DamagedFile:
@@ -49,11 +73,11 @@ def damaged_file(path: str, reason: str) -> DamagedFile:
 def gather(sd: "SessionDir", damaged: DamagedFile) -> Evidence:
     """Everything :func:`.recovery.plan_recovery` weighs. Never raises: a file
     that cannot be read is simply no evidence."""
-    committed = sd._generations()
+    committed = sd.generations.listed()
     candidates: list[Candidate] = []
     for generation in reversed(committed):
         try:
-            candidates.append(Candidate(str(sd.generation_file(generation)), sd._read_generation(generation)))
+            candidates.append(Candidate(str(sd.generation_file(generation)), sd.generations.read(generation)))
             break    # the newest generation file that reads is the only one worth having
         except (OSError, CorruptFileError):
             continue
@@ -66,9 +90,10 @@ def gather(sd: "SessionDir", damaged: DamagedFile) -> Evidence:
             pass
     heads: set[str] = set()
     with contextlib.suppress(OSError):
-        for entry in (sd.path / "jobs").iterdir():
-            if is_job_id(entry.name) and (entry / "head.json").exists():
-                heads.add(entry.name)
+        for entry in paths.jobs_dir(sd.path).iterdir():
+            job = paths.job_of_dir(entry.name)
+            if job is not None and paths.head_endpoint_file(sd.path, job).exists():
+                heads.add(job)
     return Evidence(damaged, tuple(committed), tuple(candidates), sd.read_ray_head(), frozenset(heads))
 
 
@@ -83,7 +108,7 @@ def known_jobs(sd: "SessionDir") -> tuple[frozenset[str], frozenset[str]]:
     (name, user) before acting on them. Never raises.
     """
     recorded: set[str] = set()
-    for path in [sd.backup_file, *(sd.generation_file(g) for g in sd._generations())]:
+    for path in [sd.backup_file, *(sd.generation_file(g) for g in sd.generations.listed())]:
         try:
             recorded |= read_record(path, AllocationRecord.from_dict).recorded_jobs
         except (OSError, CorruptFileError):
@@ -93,13 +118,13 @@ def known_jobs(sd: "SessionDir") -> tuple[frozenset[str], frozenset[str]]:
     if pointer:
         seen.add(pointer)
     with contextlib.suppress(OSError):
-        seen.update(entry.name for entry in (sd.path / "jobs").iterdir() if is_job_id(entry.name))
+        seen.update(job for entry in paths.jobs_dir(sd.path).iterdir()
+                    if (job := paths.job_of_dir(entry.name)) is not None)
     with contextlib.suppress(OSError):
-        for entry in sd.log_dir.iterdir():
-            role, _, rest = entry.name.partition("-")
-            job = rest.removesuffix(".out")
-            if role in ("head", "worker") and rest.endswith(".out") and is_job_id(job):
-                seen.add(job)
+        for entry in paths.log_dir(sd.path).iterdir():
+            named = paths.parse_job_output_name(entry.name)
+            if named is not None:
+                seen.add(named[1])
     return frozenset(recorded), frozenset(seen - recorded)
 
 
@@ -107,13 +132,13 @@ def plan(sd: "SessionDir", damaged: DamagedFile) -> RecoveryPlan:
     return plan_recovery(gather(sd, damaged))
 
 
-def _aside_name(directory: Path, stem: str) -> Path:
+def _aside_name(session: Path, stem: str) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%S")
     for n in range(1000):
-        candidate = directory / f"{stem}.corrupt-{stamp}" if n == 0 else directory / f"{stem}.corrupt-{stamp}.{n}"
+        candidate = paths.corrupt_copy(session, stem, stamp, n)
         if not candidate.exists():
             return candidate
-    return directory / f"{stem}.corrupt-{stamp}.{os.getpid()}"
+    return paths.corrupt_copy(session, stem, stamp, os.getpid())
 
 
 def set_aside(sd: "SessionDir", damaged: DamagedFile) -> Path | None:
@@ -126,10 +151,10 @@ def set_aside(sd: "SessionDir", damaged: DamagedFile) -> Path | None:
     path = Path(damaged.path)
     try:
         if path == sd.allocation_file:
-            aside = _aside_name(sd.path, "allocation.json")
+            aside = _aside_name(sd.path, paths.ALLOCATION_FILE)
             os.replace(path, aside)
         else:
-            aside = _aside_name(sd.path, f"allocation.gen.{path.stem}")
+            aside = _aside_name(sd.path, paths.generation_aside_stem(path.stem))
             shutil.copyfile(path, aside, follow_symlinks=False)
         return aside
     except FileNotFoundError:
@@ -144,8 +169,9 @@ def restore(sd: "SessionDir", recovery: RecoveryPlan) -> tuple[AllocationRecord,
     if source is None:
         raise CorruptFileError(recovery.damaged.path, f"{recovery.damaged.reason}; no usable copy to restore from")
     aside = set_aside(sd, recovery.damaged)
-    restored = replace(source.record, generation=max([recovery.newest, source.generation, *sd._generations()]) + 1)
-    while not sd._commit(restored):
+    restored = replace(source.record,
+                       generation=max([recovery.newest, source.generation, *sd.generations.listed()]) + 1)
+    while not sd.generations.commit(restored):
         restored = replace(restored, generation=restored.generation + 1)
     if not sd.allocation_file.exists():
         atomic_write_json(sd.allocation_file, restored.to_dict())
@@ -158,14 +184,13 @@ def recover_automatically(sd: "SessionDir", error: CorruptFileError) -> Allocati
     recovery = plan(sd, damaged_file(error.path, error.reason))
     if not recovery.automatic:
         why = "; ".join(recovery.refusals)
-        if sd._last_refusal != why:
-            sd._last_refusal = why
+        if sd.recovery_refusal.is_new(why):
             log.error("event=allocation_recovery_refused path=%s reason=%r why=%r command=%r", error.path,
                       error.reason, why, f"{REPAIR_COMMAND} {sd.path}")
         raise CorruptFileError(error.path, f"{error.reason}; not restored automatically ({why}); see what a restore "
                                            f"would put back, and do it, with: {REPAIR_COMMAND} {sd.path}") from None
     restored, aside = restore(sd, recovery)
-    sd._last_refusal = None
+    sd.recovery_refusal.clear()
     assert recovery.source is not None
     log.warning("event=allocation_recovered path=%s reason=%r damaged_generation=%s newest_known=%s source=%s "
                 "source_generation=%s generation=%s kept_as=%s", error.path, error.reason,
@@ -174,4 +199,5 @@ def recover_automatically(sd: "SessionDir", error: CorruptFileError) -> Allocati
     return restored
 
 
-__all__ = ["damaged_file", "gather", "known_jobs", "plan", "recover_automatically", "restore", "set_aside"]
+__all__ = ["RefusalMemory", "damaged_file", "gather", "known_jobs", "plan", "recover_automatically", "restore",
+           "set_aside"]

@@ -1,46 +1,32 @@
 """The session directory: the shared truth of one run.
 
 Every process of a run (the supervisor, each payload step, every node's
-agent) sees this directory on a shared filesystem. Layout::
-
-    <session>/
-      session.json              immutable after creation (SessionInfo)
-      allocation.json           the mutable record (AllocationRecord), changed under a lock
-      allocation.json.bak       a copy of the last good record, for repair after outside damage
-      allocation.gen/<n>.json   the record of generation n, created once (the commit point)
-      ray_head                  the current head's job id, a bare integer
-      jobs/<job>/head.json      a ready head's endpoint (HeadEndpoint)
-      jobs/<job>/nodes/<host>.json   each agent's published state (NodeState)
-      secret                    the control channel key (0600)
-      ray_token                 Ray's auth token, derived from the secret (0600; see ray_auth)
-      logs/                     agent and job logs
+agent) sees this directory on a shared filesystem. What each of its files
+is called, holds, and who writes and reads it, is :mod:`.paths` (its
+docstring shows the whole tree); this class reads and writes the records.
 
 Rules kept here so no caller can forget them: writes are atomic (see
 ``atomic``), ``allocation.json`` changes by compare-and-swap on its
-generation (a file lock only spares writers the retries), every read is
-validated, and a malformed file is reported as CorruptFileError, never
-overwritten blindly (a damaged record is restored from a good copy only
-when nothing newer is lost: :mod:`.recovery` decides, :mod:`.allocation_repair`
-acts). The directory is 0700 and the secret 0600; a secret that others can
-read is refused.
+generation (:mod:`.generations`; a file lock only spares writers the
+retries), every read is validated, and a malformed file is reported as
+CorruptFileError, never overwritten blindly (a damaged record is restored
+from a good copy only when nothing newer is lost: :mod:`.recovery` decides,
+:mod:`.allocation_repair` acts). The directory is 0700 and the secret 0600;
+a secret that others can read is refused.
 
-Why one module: the record's compare-and-swap, its readers and its repair
-share one set of private invariants (the generation files, the mirror, the
-backup, the lock); keeping them on one class keeps them out of every other
-module's reach.
+The generation files (the commit, the newest record, pruning) are
+:mod:`.generations`, which both this class and :mod:`.allocation_repair`
+use through its public API; the retry loop of the compare-and-swap, the
+lock and the way into repair stay here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import random
-import re
 import secrets
 import stat
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -50,16 +36,10 @@ from typing import ContextManager
 import filelock
 
 from ...errors import CorruptFileError, SessionDirError, UnsafePathError
-from ...atomic import (
-    _fsync_dir,
-    _naming,
-    atomic_write_bytes,
-    atomic_write_json,
-    read_bytes_bounded,
-    read_record,
-)
-from ...ray_auth import TOKEN_FILE_NAME, derive_ray_token, ray_auth_env
-from . import allocation_repair
+from ...atomic import atomic_write_bytes, atomic_write_json, read_bytes_bounded, read_record
+from ...ray_auth import derive_ray_token, ray_auth_env
+from . import allocation_repair, paths
+from .generations import GenerationFiles, check_filesystem
 from .recovery import RecoveryPlan
 from .records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, check_job_id, is_job_id
 
@@ -67,11 +47,6 @@ log = logging.getLogger(__name__)
 
 SECRET_BYTES = 32
 DEFAULT_LOCK_TIMEOUT = 30.0
-# Generation files kept in allocation.gen/ (see update_allocation). A reader
-# whose copy of allocation.json lags by more than this many updates still
-# finds the newest by listing the directory; the number only bounds clutter.
-KEEP_GENERATIONS = 32
-_GENERATION_NAME = re.compile(r"(0|[1-9][0-9]{0,18})\.json")
 
 
 def _flock(path: Path, timeout: float) -> ContextManager[object]:
@@ -83,92 +58,61 @@ def _flock(path: Path, timeout: float) -> ContextManager[object]:
     return filelock.FileLock(str(path), timeout=timeout)
 
 
-def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def _no_hard_links(directory: Path, exc: OSError) -> SessionDirError:
-    return SessionDirError(
-        f"{directory}: the filesystem refused a hard link ({exc.strerror or exc}); a session directory needs "
-        "a POSIX filesystem with hard links and atomic rename (local, NFS, Lustre, GPFS, BeeGFS, CephFS), "
-        "not an object-store or SMB mount")
-
-
-def check_filesystem(directory: Path) -> None:
-    """Refuse a filesystem the session cannot commit on: one without hard
-    links (allocation.json's compare-and-swap creates its generation files by
-    link). Whether flock is cluster-wide cannot be told from one node, and
-    need not be: the compare-and-swap does not depend on it."""
-    fd, probe = tempfile.mkstemp(prefix=".fs-check.", dir=directory)
-    os.close(fd)
-    linked = probe + ".link"
-    try:
-        os.link(probe, linked)
-        if not _same_file(probe, linked):
-            raise SessionDirError(f"{directory}: a hard link did not name the same file; unsupported filesystem")
-    except OSError as exc:
-        raise _no_hard_links(directory, exc) from None
-    finally:
-        for name in (linked, probe):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name)
-
-
 class SessionDir:
     """Access to one session directory. Cheap to create; holds no open files."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path).absolute()
-        # The last reason automatic recovery was refused, and the last bad
-        # pointer content, each logged once rather than at every read.
-        self._last_refusal: str | None = None
+        #: The record's generation files, its copy and its backup (:mod:`.generations`).
+        self.generations = GenerationFiles(self.path)
+        #: The last reason automatic recovery was refused, logged once rather than at every read.
+        self.recovery_refusal = allocation_repair.RefusalMemory()
+        # The last bad pointer content, logged once too.
         self._last_bad_pointer: str | None = None
 
     # ------------------------------------------------------------ paths
+    # (the names are :mod:`.paths`'s; these are the ones callers ask a SessionDir for)
     @property
     def session_file(self) -> Path:
-        return self.path / "session.json"
+        return paths.session_file(self.path)
 
     @property
     def allocation_file(self) -> Path:
-        return self.path / "allocation.json"
+        return paths.allocation_file(self.path)
 
     @property
     def backup_file(self) -> Path:
-        return self.path / "allocation.json.bak"
+        return paths.backup_file(self.path)
 
     @property
     def generation_dir(self) -> Path:
-        return self.path / "allocation.gen"
+        return paths.generation_dir(self.path)
 
     def generation_file(self, generation: int) -> Path:
-        return self.generation_dir / f"{generation}.json"
+        return paths.generation_file(self.path, generation)
 
     @property
     def lock_file(self) -> Path:
-        return self.path / ".allocation.lock"
+        return paths.allocation_lock_file(self.path)
 
     @property
     def ray_head_file(self) -> Path:
-        return self.path / "ray_head"
+        return paths.ray_head_file(self.path)
 
     @property
     def secret_file(self) -> Path:
-        return self.path / "secret"
+        return paths.secret_file(self.path)
 
     @property
     def ray_token_file(self) -> Path:
-        return self.path / TOKEN_FILE_NAME
+        return paths.ray_token_file(self.path)
 
     @property
     def log_dir(self) -> Path:
-        return self.path / "logs"
+        return paths.log_dir(self.path)
 
     def job_dir(self, job_id: str) -> Path:
-        return self.path / "jobs" / check_job_id(job_id)
+        return paths.job_dir(self.path, job_id)
 
     # ------------------------------------------------------------ create / open
     @classmethod
@@ -202,7 +146,7 @@ class SessionDir:
         check_filesystem(session.path)
         # Validate what we are about to write by round-tripping it.
         SessionInfo.from_dict(info.to_dict())
-        for sub in ("jobs", "logs"):
+        for sub in paths.CREATED_DIRS:
             (session.path / sub).mkdir(mode=0o700, exist_ok=True)
         atomic_write_bytes(session.secret_file, secrets.token_bytes(SECRET_BYTES), mode=0o600)
         session.ensure_ray_token()
@@ -269,41 +213,7 @@ class SessionDir:
 
     # ------------------------------------------------------------ allocation.json
     #
-    # Why not a lock alone: flock is node-local on some cluster filesystems
-    # (Lustre mounted with localflock, BeeGFS without global locks, NFS
-    # without a lock manager), so two nodes can both "hold" it and the later
-    # rename silently drops the earlier update. Correctness rests instead on
-    # one operation every POSIX filesystem makes atomic, also across nodes:
-    # creating a name that must not exist yet. Each update is committed by
-    # hard-linking its fully written record to allocation.gen/<n>.json, where
-    # n is the generation it was computed from plus one; of two writers that
-    # read the same generation exactly one link succeeds, the other re-reads
-    # and computes its change again. allocation.json is then replaced by the
-    # same record, a copy for people and older readers that may lag behind
-    # the newest generation file for a moment (or for good, if the writer
-    # died in between); readers therefore move forward to the newest
-    # generation file. The flock stays as a fast path: where it works,
-    # writers never collide and never retry.
-
-    def _read_mirror(self) -> AllocationRecord:
-        try:
-            return read_record(self.allocation_file, AllocationRecord.from_dict)
-        except FileNotFoundError:
-            raise CorruptFileError(str(self.allocation_file), "missing") from None
-
-    def _generations(self) -> list[int]:
-        try:
-            names = os.listdir(self.generation_dir)
-        except FileNotFoundError:
-            return []
-        return sorted(int(m.group(1)) for name in names if (m := _GENERATION_NAME.fullmatch(name)))
-
-    def _read_generation(self, generation: int) -> AllocationRecord:
-        path = self.generation_file(generation)
-        record = read_record(path, AllocationRecord.from_dict)
-        if record.generation != generation:
-            raise CorruptFileError(str(path), f"holds generation {record.generation}, not {generation}")
-        return record
+    # The compare-and-swap and why it is not a lock alone: :mod:`.generations`.
 
     def read_allocation(self) -> AllocationRecord:
         """The current record.
@@ -316,23 +226,9 @@ class SessionDir:
         says why not and names ``elastic-ray session repair``.
         """
         try:
-            return self._read_newest()
+            return self.generations.read_newest()
         except CorruptFileError as exc:
             return self._recover(exc, locked=False)
-
-    def _read_newest(self) -> AllocationRecord:
-        for _ in range(10):
-            record = self._read_mirror()
-            newest = max([record.generation, *self._generations()])
-            while self.generation_file(newest + 1).exists():
-                newest += 1
-            if newest == record.generation:
-                return record
-            try:
-                return self._read_generation(newest)
-            except FileNotFoundError:
-                continue   # pruned by a writer meanwhile: look again
-        raise SessionDirError(f"{self.allocation_file}: the record kept changing while read; try again")
 
     def _recover(self, error: CorruptFileError, *, locked: bool) -> AllocationRecord:
         if locked:
@@ -340,7 +236,7 @@ class SessionDir:
         try:
             with _flock(self.lock_file, DEFAULT_LOCK_TIMEOUT):
                 try:
-                    return self._read_newest()   # repaired by another process while we waited
+                    return self.generations.read_newest()   # repaired by another process while we waited
                 except CorruptFileError as again:
                     return allocation_repair.recover_automatically(self, again)
         except filelock.Timeout:
@@ -351,7 +247,7 @@ class SessionDir:
         """What ``restore_allocation_backup`` would put back and whether it
         would have happened on its own; None when the record reads well."""
         try:
-            self._read_newest()
+            self.generations.read_newest()
             return None
         except CorruptFileError as exc:
             return allocation_repair.plan(self, allocation_repair.damaged_file(exc.path, exc.reason))
@@ -378,7 +274,7 @@ class SessionDir:
                 while True:
                     attempt += 1
                     try:
-                        current = self._read_newest()
+                        current = self.generations.read_newest()
                     except CorruptFileError as exc:
                         current = self._recover(exc, locked=True)
                     updated = change(current)
@@ -389,7 +285,7 @@ class SessionDir:
                     updated = replace(updated, generation=current.generation + 1)
                     # Round-trip through the validator: never write what we could not read back.
                     AllocationRecord.from_dict(updated.to_dict())
-                    if self._commit(updated):
+                    if self.generations.commit(updated):
                         return updated
                     if time.monotonic() > deadline:
                         raise SessionDirError(
@@ -400,66 +296,6 @@ class SessionDir:
             raise SessionDirError(
                 f"could not lock {self.allocation_file} within {timeout:.0f}s; "
                 f"another process holds {self.lock_file}") from None
-
-    def _commit(self, record: AllocationRecord) -> bool:
-        """Commit ``record`` as its generation; False if another writer did first."""
-        text = json.dumps(record.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
-        # A write that fails (a full filesystem) commits nothing; the error
-        # names the record, whose current content stays as it was.
-        try:
-            self.generation_dir.mkdir(mode=0o700, exist_ok=True)
-            # The temporary file lives next to its link: some filesystems (older
-            # BeeGFS) make hard links only within one directory.
-            fd, tmp_name = tempfile.mkstemp(prefix=".allocation.", suffix=".tmp", dir=self.generation_dir)
-        except OSError as exc:
-            raise _naming(exc, self.allocation_file) from exc
-        try:
-            try:
-                os.fchmod(fd, 0o600)
-                view = memoryview(text.encode("utf-8"))
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            except OSError as exc:
-                raise _naming(exc, self.allocation_file) from exc
-            finally:
-                os.close(fd)
-            target = self.generation_file(record.generation)
-            try:
-                os.link(tmp_name, target)
-            except FileExistsError:
-                # Over NFS a LINK retransmitted after a lost reply answers
-                # "exists" for our own link: the inode tells.
-                if not _same_file(tmp_name, target):
-                    return False
-            except OSError as exc:
-                raise _no_hard_links(self.generation_dir, exc) from None
-            _fsync_dir(self.generation_dir)
-            # Committed. The copy may only lag, never go back: skip it when a
-            # newer generation is already there (its writer puts its own).
-            if not self.generation_file(record.generation + 1).exists():
-                os.replace(tmp_name, self.allocation_file)
-                _fsync_dir(self.path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp_name)
-        # The backup mirrors the last good record; if we die between the
-        # writes it lags, which repair can live with.
-        # A failed backup write (a full filesystem) must not fail the update:
-        # it is committed, and a caller that saw an error would apply it twice.
-        try:
-            atomic_write_json(self.backup_file, record.to_dict())
-        except OSError as exc:
-            log.warning("event=allocation_backup_failed path=%s generation=%s error=%s", self.backup_file,
-                        record.generation, exc)
-        self._prune_generations(record.generation)
-        return True
-
-    def _prune_generations(self, newest: int) -> None:
-        for generation in self._generations():
-            if generation <= newest - KEEP_GENERATIONS:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.generation_file(generation))
 
     def restore_allocation_backup(self) -> AllocationRecord:
         """Put the newest good copy back, whatever the evidence says (the
@@ -475,7 +311,7 @@ class SessionDir:
         """
         with _flock(self.lock_file, DEFAULT_LOCK_TIMEOUT):
             try:
-                self._read_newest()
+                self.generations.read_newest()
                 damaged = None
             except CorruptFileError as exc:
                 damaged = allocation_repair.damaged_file(exc.path, exc.reason)
@@ -526,13 +362,13 @@ class SessionDir:
     # ------------------------------------------------------------ per-job files
     def write_head_endpoint(self, endpoint: HeadEndpoint) -> None:
         HeadEndpoint.from_dict(endpoint.to_dict())
-        directory = self.job_dir(endpoint.job_id)
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write_json(directory / "head.json", endpoint.to_dict(), mode=0o644)
+        path = paths.head_endpoint_file(self.path, endpoint.job_id)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write_json(path, endpoint.to_dict(), mode=0o644)
 
     def read_head_endpoint(self, job_id: str) -> HeadEndpoint | None:
         """The endpoint of a ready head, None if not (yet) published or damaged."""
-        path = self.job_dir(job_id) / "head.json"
+        path = paths.head_endpoint_file(self.path, job_id)
         try:
             return read_record(path, HeadEndpoint.from_dict)
         except FileNotFoundError:
@@ -545,14 +381,12 @@ class SessionDir:
         """Publish one agent's state as ``jobs/<job>/nodes/<node>.json`` (job and node from the record).
 
         ``durable=False`` skips the fsyncs: for a periodic refresh that only moves ``updated_at``."""
-        host = state.node
-        if not host or "/" in host or host.startswith("."):
-            raise ValueError(f"node={host!r}: not a usable node name")
+        paths.check_node_name(state.node)
         # Never write what we could not read back.
         NodeState.from_dict(state.to_dict())
-        directory = self.job_dir(state.job_id) / "nodes"
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write_json(directory / f"{host}.json", state.to_dict(), mode=0o644, durable=durable)
+        path = paths.node_state_file(self.path, state.job_id, state.node)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write_json(path, state.to_dict(), mode=0o644, durable=durable)
 
     def read_node_states(self, job_id: str) -> dict[str, NodeState]:
         """Every published node state of a job, by node name.
@@ -561,7 +395,7 @@ class SessionDir:
         included) or one that names another job or node is skipped with a
         warning: that node's state is unknown, and no reader crashes on it.
         """
-        directory = self.job_dir(job_id) / "nodes"
+        directory = paths.nodes_dir(self.path, job_id)
         states: dict[str, NodeState] = {}
         try:
             entries = sorted(directory.glob("*.json"))
