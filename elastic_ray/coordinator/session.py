@@ -20,13 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..config import (
-    SlurmRunAllocationConfig,
-    SlurmWorkerAllocationConfig,
-    inherit_worker_config,
-    rejoin_timeout_warning,
-    resolve_separate_head_config,
-)
+from .. import defaults
+from ..config import (SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, inherit_worker_config,
+                      rejoin_timeout_warning, resolve_separate_head_config)
 from ..errors import AllocationFailed, ConfigError, SlurmAllocationEnded
 from ..config.launcher import RayLauncher
 from ..config.scheduler_choice import scheduler_kind
@@ -71,7 +67,8 @@ class Session:
 
     def __init__(self, directory: SessionDir, scheduler: Scheduler | None = None, *,
                  claim_period: float = election.DEFAULT_CLAIM_PERIOD, supervise: bool = False,
-                 supervise_interval: float = 30.0, on_allocation_ended: failures.OnAllocationEnded | None = None):
+                 supervise_interval: float = defaults.SUPERVISE_INTERVAL,
+                 on_allocation_ended: failures.OnAllocationEnded | None = None):
         self.dir = directory
         self.info: SessionInfo = directory.info()
         self.launcher = RayLauncher.from_dict(self.info.launcher)
@@ -91,7 +88,7 @@ class Session:
         if supervise:
             self.start_supervisor(supervise_interval)
 
-    def start_supervisor(self, interval: float = 30.0) -> "HeadSupervisor":
+    def start_supervisor(self, interval: float = defaults.SUPERVISE_INTERVAL) -> "HeadSupervisor":
         """Watch the head from this process: heartbeat loss is noticed within
         about 2 s, the scheduler is asked every ``interval`` s, and a lost head
         is replaced (one election across all processes)."""
@@ -130,7 +127,7 @@ class Session:
         local_state_dir: str | Path | None = None,
         claim_period: float = election.DEFAULT_CLAIM_PERIOD,
         supervise: bool = True,
-        supervise_interval: float = 30.0,
+        supervise_interval: float = defaults.SUPERVISE_INTERVAL,
         on_allocation_ended: failures.OnAllocationEnded | None = None,
     ) -> "Session":
         """Create the session directory and submit the head (and the first worker).
@@ -183,7 +180,8 @@ class Session:
     @classmethod
     def open(cls, path: str | Path, scheduler: Scheduler | None = None, *,
              claim_period: float = election.DEFAULT_CLAIM_PERIOD, supervise: bool = True,
-             supervise_interval: float = 30.0, on_allocation_ended: failures.OnAllocationEnded | None = None) -> Session:
+             supervise_interval: float = defaults.SUPERVISE_INTERVAL,
+             on_allocation_ended: failures.OnAllocationEnded | None = None) -> Session:
         """Open an existing session from any process (a restarted supervisor,
         a payload step, a CLI). With ``supervise`` it watches the head too."""
         return cls(SessionDir.open(path), scheduler, claim_period=claim_period, supervise=supervise,
@@ -279,7 +277,8 @@ class Session:
         self.note_head_started(job_id)
         return job_id
 
-    def wait_for_head(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> str:
+    def wait_for_head(self, timeout: float = defaults.HEAD_WAIT_TIMEOUT,
+                      progress: Callable[[str], None] | None = None) -> str:
         """Wait until the current head has published its endpoint; returns its address (Slurm: ``SchedulerLooks``)."""
         head: str | None = None
         text, looks = "", SchedulerLooks(self.jobs.known)
@@ -345,7 +344,7 @@ class Session:
         """The agents' published states of one job, by node; a node whose file is unreadable is absent."""
         return self.dir.read_node_states(job_id)
 
-    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0,
+    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = defaults.WAIT_TIMEOUT,
                                    progress: Callable[[str], None] | None = None) -> dict[str, str]:
         """Block until every node of the allocation has joined; returns {node: Ray node id} (paced as ``wait_for_head``)."""
         job_id = handle.job_id if isinstance(handle, WorkerAllocation) else handle
@@ -421,7 +420,8 @@ class Session:
         return election.assess_head(rec, jobs, head_alive=alive, now=now, head_draining=draining,
                                     head_starting=starting)
 
-    def replace_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+    def replace_head(self, timeout: float = defaults.WAIT_TIMEOUT,
+                     progress: Callable[[str], None] | None = None) -> Head:
         """Return the healthy head, electing one first if the session has none.
 
         Any number of processes may call this at once: one wins the claim in
@@ -465,7 +465,7 @@ class Session:
                 log.warning("event=drain_not_delivered job=%s node=%s error=%s", job_id, node, exc)
         return told
 
-    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
+    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = defaults.DRAIN_TIMEOUT,
                                  wait: bool = True, progress: Callable[[str], None] | None = None) -> str:
         """Drain a running allocation (cancel a pending one); returns the final Slurm state.
 

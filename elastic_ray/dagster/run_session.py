@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
+from .. import defaults, knobs
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
 from ..config.queue import RunLayout, SlurmQueue, resolve_worker_allocation
@@ -30,7 +30,7 @@ from ..coordinator.session import Head, Session, WorkerAllocation
 
 log = logging.getLogger("elastic_ray.dagster")
 
-SESSION_ROOT_ENV = "ELASTIC_RAY_SESSION_ROOT"
+SESSION_ROOT_ENV = knobs.SESSION_ROOT.name
 LOCK_TIMEOUT = 300.0
 # Marker the orphan sensor leaves after tearing a session down; reopening
 # the session (a re-execution) removes it.
@@ -43,7 +43,7 @@ def session_root(configured: str | None) -> Path:
     directories are on the shared filesystem on most clusters)."""
     if configured:
         return Path(configured).expanduser().absolute()
-    env = os.environ.get(SESSION_ROOT_ENV, "").strip()
+    env = knobs.SESSION_ROOT.read()
     if env:
         return Path(env).expanduser().absolute()
     return Path.home() / ".elastic-ray" / "sessions"
@@ -116,18 +116,19 @@ class RunSession:
         """Submit a worker allocation (Dagster or core config); returns on submission."""
         return self.session.add_worker_allocation(self.resolve_worker_config(config))
 
-    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0) -> dict[str, str]:
+    def wait_for_worker_allocation(self, handle: WorkerAllocation | str,
+                                   timeout: float = defaults.WAIT_TIMEOUT) -> dict[str, str]:
         return self.session.wait_for_worker_allocation(handle, timeout=timeout)
 
-    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
+    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = defaults.DRAIN_TIMEOUT,
                                  wait: bool = True) -> str:
         return self.session.remove_worker_allocation(handle, drain_timeout=drain_timeout, wait=wait)
 
     # -- head
-    def replace_head(self, timeout: float = 3600.0) -> Head:
+    def replace_head(self, timeout: float = defaults.WAIT_TIMEOUT) -> Head:
         return self.session.replace_head(timeout=timeout)
 
-    def ready_head(self, timeout: float = 3600.0) -> Head:
+    def ready_head(self, timeout: float = defaults.WAIT_TIMEOUT) -> Head:
         """The current head once it is healthy (see :func:`..coordinator.head.ready.ready_head`)."""
         if isinstance(self.session, Session):
             return ready.ready_head(self.session, timeout)
@@ -148,7 +149,7 @@ class RunSession:
 
 
 def open_or_create(root: Path, key: str, *, layout: RunLayout, scheduler: str, launcher: RayLauncher,
-                   queue: SlurmQueue, heal_timeout: float = 3600.0) -> RunSession:
+                   queue: SlurmQueue, heal_timeout: float = defaults.WAIT_TIMEOUT) -> RunSession:
     """The run's session, created by the first caller of any process.
 
     On open, a head that is gone is replaced at once (a retried run whose

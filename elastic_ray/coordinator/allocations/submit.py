@@ -10,22 +10,18 @@ compute node.
 
 from __future__ import annotations
 
-import os
 import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from ... import knobs
 from ...config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ...config.launcher import RayLauncher
 from ...atomic import atomic_write_json
 from ...protocol.disk.records import AllocationRecord
 from ...protocol.disk.session_dir import SessionDir
 from ...scheduler.base import JobSpec
-
-# Agent settings that tests (and impatient operators) may tune through the
-# environment of the process that submits; they are passed on to every node.
-AGENT_ENV_PREFIX = "ELASTIC_AGENT_"
 
 
 def agent_argv(session: SessionDir, role: str, spec: Path | None = None,
@@ -38,10 +34,9 @@ def agent_argv(session: SessionDir, role: str, spec: Path | None = None,
 
 
 def agent_env(launcher: RayLauncher, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The launcher's environment plus any ELASTIC_AGENT_* tuning of the caller."""
-    environ = os.environ if environ is None else environ
+    """The launcher's environment plus any ELASTIC_AGENT_* tuning of the caller (``knobs.forwarded_agent_env``)."""
     env = dict(launcher.env)
-    env.update({k: v for k, v in environ.items() if k.startswith(AGENT_ENV_PREFIX)})
+    env.update(knobs.forwarded_agent_env(environ))
     return env
 
 
@@ -74,8 +69,8 @@ def worker_spec(session: SessionDir, job_name: str, config: SlurmWorkerAllocatio
                 launcher: RayLauncher, spec_path: Path) -> JobSpec:
     return JobSpec(job_name=job_name, role="worker", allocation=config,
                    node_argv=agent_argv(session, "worker", spec_path, python=launcher.python_executable),
-                   workdir=session.path, output=str(session.log_dir / "worker-%j.out"), env=agent_env(launcher),
-                   pre_start_commands=launcher.pre_start_commands)
+                   workdir=session.path, output=str(session.log_dir / "worker-%j.out"),
+                   env=agent_env(launcher), pre_start_commands=launcher.pre_start_commands)
 
 
 def first_worker_config(record: AllocationRecord,

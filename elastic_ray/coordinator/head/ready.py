@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ... import defaults
 from ...errors import SlurmAllocationEnded
 from . import election
 from ..allocations import pacing
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("elastic_ray.coordinator")
 
 
-def ready_head(s: Session, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+def ready_head(s: Session, timeout: float = defaults.WAIT_TIMEOUT,
+               progress: Callable[[str], None] | None = None) -> Head:
     """The current head once it is healthy; waits while it is queued or
     starting. A head that ended, stopped or drains raises
     ``SlurmAllocationEnded`` (this does not elect: call ``replace_head``).
