@@ -10,9 +10,11 @@ all; tests/test_knobs.py holds that it does, and that no module under
 ``elastic_ray/`` spells one of these names anywhere but here (a new
 variable gets a record, or the test fails).
 
-``ELASTIC_AGENT_*`` variables tune the agents: the submitting process's own
-(:func:`forwarded_agent_env`) are exported on every node by the batch
-scripts (``coordinator.allocations.submit.agent_env``).
+``ELASTIC_AGENT_*`` variables tune the agents. The process that creates a
+session records its own (:func:`forwarded_agent_env`) in ``session.json``,
+and every batch script of the session exports those on every node (and
+blanks the submitter's others), so a job submitted later, from any process,
+configures its nodes alike (see ``coordinator.allocations.submit.agent_env``).
 
 It belongs to no room (the agent, protocol, scheduler, config and front
 ends all read it) and imports only ``errors`` and ``defaults``: the agent's

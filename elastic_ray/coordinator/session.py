@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .. import defaults
+from .. import defaults, knobs
 from ..config import (SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, inherit_worker_config,
                       rejoin_timeout_warning, resolve_separate_head_config)
 from ..errors import AllocationFailed, ConfigError, SlurmAllocationEnded
@@ -166,7 +166,7 @@ class Session:
         info = SessionInfo(session_id=uuid.uuid4().hex, job_name=job_name, created_at=time.time(),
                            scheduler=sched_info, head=head.to_dict(), ray_head_only=ray_head_only,
                            worker_allocation=None if worker_allocation is None else worker_allocation.to_dict(),
-                           launcher=launcher.to_dict(),
+                           launcher=launcher.to_dict(), agent_env=knobs.forwarded_agent_env(),
                            user=getattr(sched_obj, "user", "") or current_user())
         directory = SessionDir.create(path, info)
         session = cls(directory, sched_obj, claim_period=claim_period, on_allocation_ended=on_allocation_ended)
@@ -264,13 +264,13 @@ class Session:
         also = record_as or (lambda r, _job: r)
         if self.info.ray_head_only:
             head = self.head_config()
-            spec = submit.head_spec(self.dir, self.job_name, head, self.launcher)
+            spec = submit.head_spec(self.dir, self.job_name, head, self.launcher, self.info.agent_env)
             job_id = self.jobs.submit(spec, head, also)
         else:
             config = SlurmWorkerAllocationConfig.from_dict(self.info.head)
             spec_path = submit.write_worker_spec(self.dir, config, host_head=True)
             job_id = self.jobs.submit(
-                submit.worker_spec(self.dir, self.job_name, config, self.launcher, spec_path), config,
+                submit.worker_spec(self.dir, self.job_name, config, self.launcher, spec_path, self.info.agent_env), config,
                 lambda r, job: also(r.with_worker(WorkerRecord(job_id=job, config=config.to_dict(),
                                                                submitted_at=time.time(), hosts_run_head=True)), job),
                 spec_path)
@@ -330,7 +330,7 @@ class Session:
     def _submit_worker(self, resolved: SlurmWorkerAllocationConfig, keep: int = 0, replaces: str | None = None) -> str:
         spec_path = submit.write_worker_spec(self.dir, resolved)
         return self.jobs.submit(
-            submit.worker_spec(self.dir, self.job_name, resolved, self.launcher, spec_path), resolved,
+            submit.worker_spec(self.dir, self.job_name, resolved, self.launcher, spec_path, self.info.agent_env), resolved,
             lambda r, job: failures.record_worker(r, WorkerRecord(
                 job_id=job, config=resolved.to_dict(), submitted_at=time.time(),
                 resubmit_on_failure=keep, replaces=replaces)),
