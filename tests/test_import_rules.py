@@ -39,6 +39,11 @@ NEVER: Mapping[str, frozenset[str]] = {
     "cli": frozenset({"dagster"}),
     "demo": frozenset({"dagster"}),
 }
+# Every room. The modules outside them (errors, atomic, polling, defaults,
+# knobs, ray_auth: "room-free") are what every room may import, so they
+# import no room themselves; the package's __init__ is the exception (it
+# re-exports the configs).
+ROOMS = frozenset(NEVER) | {"dagster", "ray"}
 # Third-party packages that only some rooms may import. A demo payload
 # speaks Dagster Pipes from inside the driver process (dagster_pipes is a
 # small, dependency-free package); nothing else outside ``dagster`` may.
@@ -104,6 +109,8 @@ def violations(sources: Mapping[str, str]) -> list[str]:
                 target_room = parts[1]
                 if room and target_room in NEVER.get(room, ()) and target_room != room:
                     found.append(f"{relative}:{line}: {room} imports {name}")
+                elif room is None and relative != "__init__.py" and target_room in ROOMS:
+                    found.append(f"{relative}:{line}: a room-free module imports {name}")
             elif parts[0] in OWNED_THIRD_PARTY and room not in OWNED_THIRD_PARTY[parts[0]]:
                 owners = " and ".join(sorted(OWNED_THIRD_PARTY[parts[0]]))
                 found.append(f"{relative}:{line}: only {owners} may import {parts[0]}")
@@ -185,6 +192,8 @@ def test_the_package_keeps_the_import_rule():
     ("errors.py", "import dagster_pipes\n", "only dagster and demo may import dagster_pipes"),
     ("demo/payload.py", "import dagster\n", "only dagster may import dagster"),
     ("config/allocation.py", "from ..protocol.records import is_job_id\n", "config imports elastic_ray.protocol"),
+    ("knobs.py", "from .agent.node import simulation\n", "a room-free module imports elastic_ray.agent.node"),
+    ("defaults.py", "def f():\n    from elastic_ray.config import allocation\n", "a room-free module imports elastic_ray.config"),
 ])
 def test_the_checker_catches_each_kind_of_violation(relative, source, expected):
     found = violations({relative: source})
@@ -198,6 +207,9 @@ def test_the_checker_catches_each_kind_of_violation(relative, source, expected):
     ("dagster/compute.py", "import dagster\nfrom ..coordinator.session import Session\n"),
     ("agent/machine.py", "from .ray_args import build_ray_start\n"),
     ("demo/pipes_payload.py", "from dagster_pipes import open_dagster_pipes\n"),
+    ("knobs.py", "from . import defaults\nfrom .errors import ConfigError\n"),
+    ("agent/slurm/slurmd_watch.py", "from ... import knobs\n"),
+    ("__init__.py", "from .config import SlurmRunAllocationConfig\n"),
 ])
 def test_the_checker_accepts_what_the_rule_allows(relative, source):
     assert violations({relative: source}) == []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from .. import __version__
+from .. import __version__, knobs
 from ..errors import ElasticRayError
 
 
@@ -33,6 +33,13 @@ def node_address(session_dir: Path, node: str) -> str:
         raise click.ClickException(f"cannot start the agent: {exc}") from None
 
 
+def _seconds_option(flag: str, knob: knobs.Knob[float], help: str | None = None):
+    """An option of ``run`` that its knob (``ELASTIC_AGENT_*``) sets too: name, floor and default
+    come from the registry (:mod:`elastic_ray.knobs`); click reads and checks the variable."""
+    return click.option(flag, envvar=knob.name, type=click.FloatRange(min=knob.minimum), default=knob.default,
+                        help=None if help is None else f"{help} [${knob.name}].")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="elastic-agent")
 def main() -> None:
@@ -48,19 +55,19 @@ def main() -> None:
               help="The worker allocation's config (written by the coordinator before submission).")
 @click.option("--node", envvar="SLURMD_NODENAME", default=None, help="Node name [$SLURMD_NODENAME, else host name].")
 @click.option("--node-ip", default=None, help="Address of this node [the launcher's network_interface or node_ip_address_command, "
-                   "else $ELASTIC_RAY_NODE_IP, else the host name's].")
+                   f"else ${knobs.NODE_IP.name}, else the host name's].")
 @click.option("--node-index", envvar="SLURM_NODEID", type=click.IntRange(min=0), default=0,
               help="Index of this node in the allocation [$SLURM_NODEID].")
-@click.option("--poll-interval", envvar="ELASTIC_AGENT_POLL_INTERVAL", type=click.FloatRange(min=0.05), default=1.0)
-@click.option("--head-lost-after", envvar="ELASTIC_AGENT_HEAD_LOST_AFTER", type=click.FloatRange(min=0.2), default=2.0)
-@click.option("--backoff-base", envvar="ELASTIC_AGENT_BACKOFF_BASE", type=click.FloatRange(min=0.0), default=2.0)
-@click.option("--start-timeout", envvar="ELASTIC_AGENT_START_TIMEOUT", type=click.FloatRange(min=1.0), default=120.0)
-@click.option("--head-drain-lead", envvar="ELASTIC_AGENT_HEAD_DRAIN_LEAD", type=click.FloatRange(min=0.0),
-              default=300.0, help="A head without a pre-walltime signal drains this many seconds before its "
-                                  "walltime [$ELASTIC_AGENT_HEAD_DRAIN_LEAD].")
-@click.option("--rejoin-order", envvar="ELASTIC_AGENT_REJOIN_ORDER", type=click.Choice(["host-first", "all"]),
-              default="host-first", help="After the head moved, workers on the hosting node's machine wait for "
-                                         "its worker (host-first) or all start at once [$ELASTIC_AGENT_REJOIN_ORDER].")
+@_seconds_option("--poll-interval", knobs.POLL_INTERVAL)
+@_seconds_option("--head-lost-after", knobs.HEAD_LOST_AFTER)
+@_seconds_option("--backoff-base", knobs.BACKOFF_BASE)
+@_seconds_option("--start-timeout", knobs.START_TIMEOUT)
+@_seconds_option("--head-drain-lead", knobs.HEAD_DRAIN_LEAD,
+                 "A head without a pre-walltime signal drains this many seconds before its walltime")
+@click.option("--rejoin-order", envvar=knobs.REJOIN_ORDER.name, type=click.Choice(list(knobs.REJOIN_ORDER.choices)),
+              default=knobs.REJOIN_ORDER.default, help="After the head moved, workers on the hosting node's machine "
+                                                       "wait for its worker (host-first) or all start at once "
+                                                       f"[${knobs.REJOIN_ORDER.name}].")
 def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str | None, node_ip: str | None,
         node_index: int, poll_interval: float, head_lost_after: float, backoff_base: float,
         start_timeout: float, head_drain_lead: float, rejoin_order: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .. import defaults
 from ..protocol.disk.records import AgentState
 from ..scheduler.base import JobState
 
@@ -133,11 +134,11 @@ Action = StartRay | StopRay | DrainRay | PublishHead | Exit
 @dataclass(frozen=True)
 class Settings:
     role: str                      # "head" or "worker"
-    rejoin_timeout: float = 600.0
+    rejoin_timeout: float = defaults.REJOIN_TIMEOUT
     max_restarts: int = 3          # ends after the first one before the node stays out
-    backoff_base: float = 2.0
-    backoff_max: float = 60.0
-    start_timeout: float = 120.0
+    backoff_base: float = defaults.BACKOFF_BASE
+    backoff_max: float = defaults.BACKOFF_MAX
+    start_timeout: float = defaults.START_TIMEOUT
 
     def __post_init__(self) -> None:
         if self.role not in ("head", "worker"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import defaults, knobs
 from ..atomic import read_json
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..protocol.disk.records import SessionInfo
@@ -20,14 +21,15 @@ class AgentOptions:
     node_ip: str
     node_index: int = 0            # SLURM_NODEID: node 0 may host an elected head
     spec: Path | None = None       # the worker allocation's config (JSON)
-    poll_interval: float = 1.0     # how often the ray_head pointer is read
-    heartbeat_interval: float = 1.0  # two beats per head_lost_after: see docs/architecture.md, "The control channel"
-    head_lost_after: float = 2.0   # silence after which a head counts as lost
-    backoff_base: float = 2.0
-    backoff_max: float = 60.0
-    start_timeout: float = 120.0
-    head_drain_lead: float = 300.0  # a head without a pre-walltime signal drains this long before its walltime
-    rejoin_order: str = "host-first"  # who restarts Ray first after the head moved: agent.head.rejoin_order
+    # What each one means: elastic_ray.defaults (`elastic-agent run` takes the same defaults from there).
+    poll_interval: float = defaults.POLL_INTERVAL
+    heartbeat_interval: float = defaults.HEARTBEAT_INTERVAL
+    head_lost_after: float = defaults.HEAD_LOST_AFTER
+    backoff_base: float = defaults.BACKOFF_BASE
+    backoff_max: float = defaults.BACKOFF_MAX
+    start_timeout: float = defaults.START_TIMEOUT
+    head_drain_lead: float = defaults.HEAD_DRAIN_LEAD
+    rejoin_order: str = str(knobs.REJOIN_ORDER.default)   # who restarts Ray first after a move: agent.head.rejoin_order
 
 
 def hosts_head_at_start(options: AgentOptions) -> bool:

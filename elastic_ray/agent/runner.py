@@ -48,6 +48,7 @@ from typing import Any, Callable
 import psutil
 import zmq
 
+from .. import defaults
 from ..config.launcher import RayLauncher
 from ..errors import UnsafePathError
 from ..protocol.wire.channel import ControlServer
@@ -101,7 +102,7 @@ class Agent:
         self.launcher = RayLauncher.from_dict(self.info.launcher)
         self.token_path = self._set_up_ray_auth()
         self.allocation = load_allocation(options, self.info)
-        rejoin = getattr(self.allocation, "rejoin_timeout", 600.0)
+        rejoin = getattr(self.allocation, "rejoin_timeout", defaults.REJOIN_TIMEOUT)
         self.settings = Settings(role=options.role, rejoin_timeout=rejoin, backoff_base=options.backoff_base,
                                  backoff_max=options.backoff_max, start_timeout=options.start_timeout)
         self.started_at = time.time()

@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from .. import defaults, knobs
 from ..atomic import atomic_write_json, read_record
 from ..errors import CorruptFileError, UnsafePathError
 from ..protocol.disk.records import AgentState, HostedHeadState, NodeState
@@ -37,11 +38,11 @@ from .node.private_dirs import ensure_private_dir, user_runtime_dir
 # anyway (see agent.wakeups). 20 s, not 10: the two rewrites (this file and
 # the session's node file) were about a quarter of an idle agent's CPU
 # (py-spy, issue 11), and nothing reads freshness finer than "hung".
-REFRESH_SECONDS = 20.0
+REFRESH_SECONDS = defaults.STATUS_REFRESH
 STATUS_SLACK = 2.0
-HUNG_AFTER_SECONDS = 60.0
+HUNG_AFTER_SECONDS = defaults.AGENT_STALE_AFTER
 # `status` hides agents that exited longer ago than this (--all shows them).
-RECENT_EXIT_SECONDS = 3600.0
+RECENT_EXIT_SECONDS = defaults.STATUS_HIDE_EXITED_AFTER
 # Agents delete status files of agents that ended longer ago than this.
 PRUNE_AFTER_SECONDS = 7 * 86400.0
 
@@ -52,7 +53,7 @@ def runtime_dir() -> Path:
     One per user, mode 0700 (see ``private_dirs``): other users can neither
     read what our agents do nor plant files for ``status`` to show.
     """
-    configured = os.environ.get("ELASTIC_AGENT_RUNTIME_DIR")
+    configured = knobs.RUNTIME_DIR.read()
     return Path(configured) if configured else user_runtime_dir()
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from .. import defaults
 from ..config.session_file import SESSION_ENV, SessionFileError, load_session_file
 from ..coordinator.session import Session
 from .output import JSON_OPTION, JsonCommand, Progress, err_console, echo_json, failures_as_click
@@ -36,8 +37,8 @@ def _usage(exc: SessionFileError) -> click.UsageError:
 @_DIR_OPTION
 @click.option("--wait/--no-wait", default=False, show_default=True,
               help="Wait until the head is ready and print its address.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=3600.0, show_default=True,
-              help="Seconds --wait waits.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=defaults.WAIT_TIMEOUT,
+              show_default=True, help="Seconds --wait waits.")
 @JSON_OPTION
 @click.pass_context
 @failures_as_click

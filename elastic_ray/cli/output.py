@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from .. import knobs
 from ..config.session_file import SESSION_ENV
 from ..errors import ElasticRayError
 
@@ -122,8 +122,8 @@ def session_directory(given: Path | None, environ: Mapping[str, str] | None = No
     """DIR as given, else ``$ELASTIC_RAY_SESSION``; a usage error (exit 2) naming both when neither is set."""
     if given is not None:
         return given
-    value = (os.environ if environ is None else environ).get(SESSION_ENV, "")
-    if not value:
+    value = knobs.SESSION.read(environ)
+    if value is None:
         raise click.UsageError(f"DIR: no session directory given; pass DIR or set {SESSION_ENV}")
     return Path(value)
 

@@ -22,6 +22,7 @@ import click
 from rich.console import Console
 from rich.live import Live
 
+from .. import defaults
 from ..coordinator.allocations.pacing import STATUS_MAX_AGE, watch_max_age
 from ..coordinator.session import Session
 from ..errors import ElasticRayError, TeardownIncomplete
@@ -208,13 +209,15 @@ def _ray_resources_callback(ctx: click.Context, param: click.Parameter, values: 
 @click.option("--ray-start-arg", "ray_start_args", multiple=True, metavar="--OPT[=VALUE]",
               help="Passed to `ray start` last, so it wins; repeatable.")
 @click.option("--rejoin-timeout", type=float,
-              help="Seconds without a live head before the allocation gives itself up [default: 600].")
+              help=f"Seconds without a live head before the allocation gives itself up "
+                   f"[default: {defaults.REJOIN_TIMEOUT:g}].")
 @click.option("--resubmit-on-failure", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Submit the same allocation again, up to N times, when its job fails on its own "
                    "(a session process that polls, e.g. the supervisor, does it).")
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Wait until every node has joined the Ray cluster.")
-@click.option("--timeout", type=_POSITIVE, default=3600.0, show_default=True, help="Seconds --wait waits.")
+@click.option("--timeout", type=_POSITIVE, default=defaults.WAIT_TIMEOUT, show_default=True,
+              help="Seconds --wait waits.")
 @JSON_OPTION
 @click.pass_context
 @failures_as_click
@@ -258,7 +261,7 @@ def add_worker_cmd(ctx: click.Context, directory: Path | None, wait: bool, timeo
 @session_group.command("remove-worker", cls=JsonCommand)
 @click.argument("directory", metavar="[DIR]", required=False)
 @click.argument("job", required=False)
-@click.option("--drain-timeout", type=_POSITIVE, default=900.0, show_default=True,
+@click.option("--drain-timeout", type=_POSITIVE, default=defaults.DRAIN_TIMEOUT, show_default=True,
               help="Seconds the nodes get to drain before they are stopped.")
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Wait until the allocation has ended.")
@@ -296,7 +299,7 @@ def remove_worker_cmd(ctx: click.Context, directory: str | None, job: str | None
 
 @session_group.command("replace-head", cls=JsonCommand)
 @_DIR
-@click.option("--timeout", type=_POSITIVE, default=3600.0, show_default=True,
+@click.option("--timeout", type=_POSITIVE, default=defaults.WAIT_TIMEOUT, show_default=True,
               help="Seconds to wait for a healthy head.")
 @JSON_OPTION
 @click.pass_context
@@ -322,7 +325,7 @@ def replace_head_cmd(ctx: click.Context, directory: Path | None, timeout: float,
 
 @session_group.command("teardown", cls=JsonCommand)
 @_DIR
-@click.option("--timeout", type=_POSITIVE, default=120.0, show_default=True,
+@click.option("--timeout", type=_POSITIVE, default=defaults.TEARDOWN_TIMEOUT, show_default=True,
               help="Seconds to wait for every job to end after the cancel.")
 @JSON_OPTION
 @click.pass_context

@@ -14,15 +14,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import defaults
 from ..coordinator.allocations.failures import failures_of
 from ..coordinator.head.headwatch import HeadObservation
 from ..protocol.disk.records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, WorkerRecord
 from ..scheduler.base import JobInfo, JobState
 
 # An agent rewrites its node file in the session directory at every state
-# change and at least every agent.status.REFRESH_SECONDS (20 s) while it runs;
+# change and at least every defaults.STATUS_REFRESH (20 s) while it runs;
 # older than this (three refreshes missed, and not exited) it is shown as stale.
-AGENT_STALE_AFTER = 60.0
+AGENT_STALE_AFTER = defaults.AGENT_STALE_AFTER
 ACTIVE_STATES = frozenset(s.value for s in JobState if s.is_active)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
+from .. import defaults
 from ..errors import ConfigError
 from .slurm_values import check_hostlist, parse_memory_mb, parse_signal, parse_slurm_time
 
@@ -285,7 +286,7 @@ class SlurmWorkerAllocationConfig(SlurmRunAllocationConfig):
 
     ray_resources: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     ray_start_args: tuple[str, ...] = ()
-    rejoin_timeout: float = 600.0
+    rejoin_timeout: float = defaults.REJOIN_TIMEOUT
 
     def __post_init__(self) -> None:
         super().__post_init__()

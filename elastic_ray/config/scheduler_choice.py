@@ -11,13 +11,13 @@ the error says both ways.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
+from .. import knobs
 from ..errors import ConfigError
 
-SCHEDULER_ENV = "ELASTIC_RAY_SCHEDULER"
-SCHEDULER_KINDS = ("local", "slurm")
+SCHEDULER_ENV = knobs.SCHEDULER.name
+SCHEDULER_KINDS = knobs.SCHEDULER.choices
 
 
 def scheduler_kind(named: str | None, environ: Mapping[str, str] | None = None, *,
@@ -29,10 +29,8 @@ def scheduler_kind(named: str | None, environ: Mapping[str, str] | None = None, 
         if named not in SCHEDULER_KINDS:
             raise ConfigError(field, named, "must be 'local' or 'slurm' (or a Scheduler)")
         return named
-    value = (os.environ if environ is None else environ).get(SCHEDULER_ENV, "").strip()
-    if not value:
+    value = knobs.SCHEDULER.read(environ)     # a KnobError (a ConfigError) names the variable
+    if value is None:
         raise ConfigError(field, None, f"no scheduler chosen: pass {field}='slurm' (or 'local'), "
                                        f"or set {SCHEDULER_ENV}=slurm (or local) in the environment")
-    if value not in SCHEDULER_KINDS:
-        raise ConfigError(SCHEDULER_ENV, value, "must be 'local' or 'slurm'")
     return value

@@ -26,6 +26,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # Python 3.10: the same parser, packaged (a dependency there)
     import tomli as tomllib  # type: ignore[no-redef]
 
+from .. import knobs
 from ..errors import ConfigError
 # Defined in errors (its docstring says why); ``X as X`` keeps it importable from here, for type checkers too.
 from ..errors import SessionFileError as SessionFileError
@@ -39,7 +40,7 @@ from .scheduler_choice import SCHEDULER_KINDS
 from .slurm_values import check_job_name
 
 #: The default session directory of every command that takes one.
-SESSION_ENV = "ELASTIC_RAY_SESSION"
+SESSION_ENV = knobs.SESSION.name
 
 # Top-level scalar keys: name -> (accepted types, what the error says).
 _TOP: Mapping[str, tuple[tuple[type, ...], str]] = {
@@ -76,8 +77,7 @@ class SessionFile:
                   environ: Mapping[str, str] | None = None) -> Path:
         """The session directory: ``given`` (``--dir``, a ``path=`` argument),
         else the file's ``path``, else ``$ELASTIC_RAY_SESSION``."""
-        env = os.environ if environ is None else environ
-        chosen = given if given is not None else self.path if self.path is not None else env.get(SESSION_ENV) or None
+        chosen = given if given is not None else self.path if self.path is not None else knobs.SESSION.read(environ)
         if chosen is None:
             raise SessionFileError(self.file, "path", None, f"no session directory: set path in the file, "
                                                             f"give --dir or set ${SESSION_ENV}")

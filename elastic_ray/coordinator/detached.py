@@ -39,6 +39,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from .. import defaults
 from ..atomic import atomic_write_text
 from ..polling import wait_for
 from ..protocol.disk import paths
@@ -46,10 +47,10 @@ from ..protocol.disk import paths
 log = logging.getLogger(__name__)
 
 CHECK_INTERVAL = 5.0  # s between looks at the stop marker
-IDLE_INTERVAL = 60.0  # s between looks at the jobs (the shared scheduler answer, no extra query)
+IDLE_INTERVAL = defaults.DETACHED_IDLE_INTERVAL  # s between looks at the jobs (the shared answer, no extra query)
 IDLE_CHECKS = 3
 STOP_WAIT = 60.0  # s a teardown waits for the supervisor to let go
-ABANDON_AFTER = 24 * 3600.0  # s without any client call before supervision ends (default)
+ABANDON_AFTER = defaults.ABANDON_AFTER  # s without any client call before supervision ends (default)
 
 
 def remote_dir(session: str | Path) -> Path:
@@ -92,7 +93,8 @@ def running_pid(session: str | Path) -> int | None:
     return None
 
 
-def ensure_supervisor(session: str | Path, interval: float = 30.0, abandon_after: float = ABANDON_AFTER) -> int:
+def ensure_supervisor(session: str | Path, interval: float = defaults.SUPERVISE_INTERVAL,
+                      abandon_after: float = ABANDON_AFTER) -> int:
     """Start the session's supervisor unless one runs; returns its PID (-1: runs elsewhere)."""
     session = Path(session)
     remote_dir(session).mkdir(mode=0o700, exist_ok=True)

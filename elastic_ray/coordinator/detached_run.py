@@ -19,6 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from .. import defaults, knobs
 from ..atomic import atomic_write_text
 from ..protocol.disk import paths
 from .detached import ABANDON_AFTER, CHECK_INTERVAL, IDLE_INTERVAL, last_call_time, why_end
@@ -47,7 +48,7 @@ def serve(path: Path, interval: float, abandon_after: float = ABANDON_AFTER) -> 
     atomic_write_text(paths.supervisor_pid_file(path), f"{os.getpid()} {socket.gethostname()}\n")
     session = Session.open(path, supervise=True, supervise_interval=interval)
     log.info("event=detached_supervisor_up session=%s pid=%s", session.job_name, os.getpid())
-    idle_interval = float(os.environ.get("ELASTIC_RAY_DETACHED_IDLE_INTERVAL") or IDLE_INTERVAL)
+    idle_interval = knobs.DETACHED_IDLE_INTERVAL.value()   # default: IDLE_INTERVAL
     started, idle, next_idle_check, why = time.time(), 0, time.monotonic() + idle_interval, None
     try:
         while why is None and not stop.wait(min(CHECK_INTERVAL, idle_interval)):
@@ -71,7 +72,7 @@ def serve(path: Path, interval: float, abandon_after: float = ABANDON_AFTER) -> 
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return serve(Path(argv[0]), float(argv[1]) if len(argv) > 1 else 30.0,
+    return serve(Path(argv[0]), float(argv[1]) if len(argv) > 1 else defaults.SUPERVISE_INTERVAL,
                  float(argv[2]) if len(argv) > 2 else ABANDON_AFTER)
 
 

@@ -35,6 +35,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .. import knobs
 from ..config.slurm_values import parse_signal
 # Defined in errors (its docstring says why); ``X as X`` keeps it importable from here, for type checkers too.
 from ..errors import PayloadFailed as PayloadFailed
@@ -114,8 +115,8 @@ class PayloadRun:
         # mode or token would be refused by the head (or, worse, a stale
         # RAY_AUTH_TOKEN would shadow the session's token file).
         apply_auth_env(full_env, session.ray_client_env())
-        full_env.update({"RAY_ADDRESS": head.address, "ELASTIC_RAY_SESSION": str(session.path),
-                         "ELASTIC_RAY_HEAD_JOB": head.job_id, "RAY_USAGE_STATS_ENABLED": "0"})
+        full_env.update({"RAY_ADDRESS": head.address, knobs.SESSION.name: str(session.path),
+                         knobs.HEAD_JOB.name: head.job_id, "RAY_USAGE_STATS_ENABLED": "0"})
         self.started = time.time()
         self.proc = subprocess.Popen(driver_argv(session.info.scheduler["kind"], head.job_id, self.argv),
                                      env=full_env, stdout=stdout, stderr=stderr, start_new_session=True)

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from .. import defaults
+
 from ..scheduler.base import JobState
 from .handles import Head, WorkerAllocation
 
@@ -34,21 +36,21 @@ class RunControl(Protocol):
         """Submit a worker allocation; returns on submission."""
         ...
 
-    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0,
+    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = defaults.WAIT_TIMEOUT,
                                    progress: Progress | None = None) -> dict[str, str]:
         """Block until every node of the allocation joined; {node: Ray node id}."""
         ...
 
-    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
+    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = defaults.DRAIN_TIMEOUT,
                                  wait: bool = True, progress: Progress | None = None) -> JobState:
         """Drain a running allocation (cancel a pending one); its final state."""
         ...
 
-    def replace_head(self, timeout: float = 3600.0, progress: Progress | None = None) -> Head:
+    def replace_head(self, timeout: float = defaults.WAIT_TIMEOUT, progress: Progress | None = None) -> Head:
         """The healthy head, electing one first if the run has none."""
         ...
 
-    def ready_head(self, timeout: float = 3600.0, progress: Progress | None = None) -> Head:
+    def ready_head(self, timeout: float = defaults.WAIT_TIMEOUT, progress: Progress | None = None) -> Head:
         """The current head once it is healthy; raises instead of electing."""
         ...
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import defaults
 from ..config import SlurmWorkerAllocationConfig
 from ..protocol.disk import paths
 from .allocations.failures import AllocationFailure, failure_of
@@ -22,7 +23,7 @@ class WorkerAllocation:
     session: Any  # the Session (typed loosely: session imports this module)
     job_id: str
 
-    def request_drain(self, drain_timeout: float = 900.0, reason: str = "request_drain") -> int:
+    def request_drain(self, drain_timeout: float = defaults.DRAIN_TIMEOUT, reason: str = "request_drain") -> int:
         """Ask every node of the allocation to drain; returns how many agents took it."""
         return self.session.drain_job(self.job_id, drain_timeout, reason)
 
@@ -56,7 +57,7 @@ class Head:
     address: str
     session: Any = field(default=None, compare=False, repr=False)
 
-    def request_drain(self, drain_timeout: float = 300.0, reason: str = "request_drain") -> int:
+    def request_drain(self, drain_timeout: float = defaults.HEAD_DRAIN_TIMEOUT, reason: str = "request_drain") -> int:
         """Phase this head out: it keeps serving until the session elected the
         next head (its payload drivers get SIGTERM and raise SlurmStepDrained)."""
         if self.session is None:

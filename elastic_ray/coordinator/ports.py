@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
+from .. import defaults
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
 from ..protocol.wire.channel import ControlClient
@@ -60,7 +61,7 @@ class SupervisedSession(HeadSource, Protocol):
     def assess_head(self, rec: AllocationRecord, jobs: Mapping[str, JobInfo], obs: HeadObservation,
                     now: float) -> HeadAssessment: ...
 
-    def replace_head(self, timeout: float = 3600.0,
+    def replace_head(self, timeout: float = defaults.WAIT_TIMEOUT,
                      progress: Callable[[str], None] | None = None) -> HeadRef: ...
 
     def add_worker_allocation(self, config: SlurmWorkerAllocationConfig, *,

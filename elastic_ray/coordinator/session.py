@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .. import defaults, knobs
 from ..config import (SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, inherit_worker_config,
                       rejoin_timeout_warning, resolve_separate_head_config)
 from ..errors import AllocationFailed, ConfigError, SlurmAllocationEnded
@@ -69,7 +70,8 @@ class Session:
 
     def __init__(self, directory: SessionDir, scheduler: Scheduler | None = None, *,
                  claim_period: float = election.DEFAULT_CLAIM_PERIOD, supervise: bool = False,
-                 supervise_interval: float = 30.0, on_allocation_ended: failures.OnAllocationEnded | None = None):
+                 supervise_interval: float = defaults.SUPERVISE_INTERVAL,
+                 on_allocation_ended: failures.OnAllocationEnded | None = None):
         self.dir = directory
         self.info: SessionInfo = directory.info()
         self.launcher = RayLauncher.from_dict(self.info.launcher)
@@ -89,7 +91,7 @@ class Session:
         if supervise:
             self.start_supervisor(supervise_interval)
 
-    def start_supervisor(self, interval: float = 30.0) -> "HeadSupervisor":
+    def start_supervisor(self, interval: float = defaults.SUPERVISE_INTERVAL) -> "HeadSupervisor":
         """Watch the head from this process: heartbeat loss is noticed within
         about 2 s, the scheduler is asked every ``interval`` s, and a lost head
         is replaced (one election across all processes)."""
@@ -128,7 +130,7 @@ class Session:
         local_state_dir: str | Path | None = None,
         claim_period: float = election.DEFAULT_CLAIM_PERIOD,
         supervise: bool = True,
-        supervise_interval: float = 30.0,
+        supervise_interval: float = defaults.SUPERVISE_INTERVAL,
         on_allocation_ended: failures.OnAllocationEnded | None = None,
     ) -> "Session":
         """Create the session directory and submit the head (and the first worker).
@@ -167,7 +169,7 @@ class Session:
         info = SessionInfo(session_id=uuid.uuid4().hex, job_name=job_name, created_at=time.time(),
                            scheduler=sched_info, head=head.to_dict(), ray_head_only=ray_head_only,
                            worker_allocation=None if worker_allocation is None else worker_allocation.to_dict(),
-                           launcher=launcher.to_dict(),
+                           launcher=launcher.to_dict(), agent_env=knobs.forwarded_agent_env(),
                            user=getattr(sched_obj, "user", "") or current_user())
         directory = SessionDir.create(path, info)
         session = cls(directory, sched_obj, claim_period=claim_period, on_allocation_ended=on_allocation_ended)
@@ -181,7 +183,8 @@ class Session:
     @classmethod
     def open(cls, path: str | Path, scheduler: Scheduler | None = None, *,
              claim_period: float = election.DEFAULT_CLAIM_PERIOD, supervise: bool = True,
-             supervise_interval: float = 30.0, on_allocation_ended: failures.OnAllocationEnded | None = None) -> Session:
+             supervise_interval: float = defaults.SUPERVISE_INTERVAL,
+             on_allocation_ended: failures.OnAllocationEnded | None = None) -> Session:
         """Open an existing session from any process (a restarted supervisor,
         a payload step, a CLI). With ``supervise`` it watches the head too."""
         return cls(SessionDir.open(path), scheduler, claim_period=claim_period, supervise=supervise,
@@ -210,9 +213,10 @@ class Session:
         return SlurmRunAllocationConfig.from_dict(self.info.head)
 
     def query(self, extra: list[str] | None = None, max_age: float = 0.0) -> dict[str, JobInfo]:
-        """Every job of the session (the recorded ids and ``extra``) in one
-        scheduler call; a stray it shows is cancelled (see :mod:`coordinator.allocations.ownership`),
-        a worker allocation that ended unasked is recorded (see :mod:`coordinator.allocations.failures`); ``max_age`` > 0 accepts the shared answer (:mod:`coordinator.allocations.answers`)."""
+        """Every job of the session (the recorded ids and ``extra``) in one scheduler call; a stray it
+        shows is cancelled (:mod:`coordinator.allocations.ownership`), a worker allocation that ended
+        unasked is recorded (:mod:`coordinator.allocations.failures`); ``max_age`` > 0 accepts the
+        shared answer (:mod:`coordinator.allocations.answers`)."""
         rec = self.record()
         self.failure_watch.observe(rec, jobs := self.jobs.query(rec, extra or (), max_age))
         return jobs
@@ -264,20 +268,21 @@ class Session:
         also = record_as or (lambda r, _job: r)
         if self.info.ray_head_only:
             head = self.head_config()
-            spec = submit.head_spec(self.dir, self.job_name, head, self.launcher)
+            spec = submit.head_spec(self.dir, self.job_name, head, self.launcher, self.info.agent_env)
             job_id = self.jobs.submit(spec, head, also)
         else:
             config = SlurmWorkerAllocationConfig.from_dict(self.info.head)
             spec_path = submit.write_worker_spec(self.dir, config, host_head=True)
             job_id = self.jobs.submit(
-                submit.worker_spec(self.dir, self.job_name, config, self.launcher, spec_path), config,
+                submit.worker_spec(self.dir, self.job_name, config, self.launcher, spec_path, self.info.agent_env), config,
                 lambda r, job: also(r.with_worker(WorkerRecord(job_id=job, config=config.to_dict(),
                                                                submitted_at=time.time(), hosts_run_head=True)), job),
                 spec_path)
         self.note_head_started(job_id)
         return job_id
 
-    def wait_for_head(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> str:
+    def wait_for_head(self, timeout: float = defaults.HEAD_WAIT_TIMEOUT,
+                      progress: Callable[[str], None] | None = None) -> str:
         """Wait until the current head has published its endpoint; returns its address (Slurm: ``SchedulerLooks``)."""
         head: str | None = None
         text, looks = "", SchedulerLooks(self.jobs.known)
@@ -329,7 +334,7 @@ class Session:
     def _submit_worker(self, resolved: SlurmWorkerAllocationConfig, keep: int = 0, replaces: str | None = None) -> str:
         spec_path = submit.write_worker_spec(self.dir, resolved)
         return self.jobs.submit(
-            submit.worker_spec(self.dir, self.job_name, resolved, self.launcher, spec_path), resolved,
+            submit.worker_spec(self.dir, self.job_name, resolved, self.launcher, spec_path, self.info.agent_env), resolved,
             lambda r, job: failures.record_worker(r, WorkerRecord(
                 job_id=job, config=resolved.to_dict(), submitted_at=time.time(),
                 resubmit_on_failure=keep, replaces=replaces)),
@@ -343,7 +348,7 @@ class Session:
         """The agents' published states of one job, by node; a node whose file is unreadable is absent."""
         return self.dir.read_node_states(job_id)
 
-    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0,
+    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = defaults.WAIT_TIMEOUT,
                                    progress: Callable[[str], None] | None = None) -> dict[str, str]:
         """Block until every node of the allocation has joined; returns {node: Ray node id} (paced as ``wait_for_head``)."""
         job_id = handle.job_id if isinstance(handle, WorkerAllocation) else handle
@@ -400,7 +405,8 @@ class Session:
         return assessment.assess(self.dir, rec, jobs, obs, now,
                                  submitted_at=self._head_started_at.get(rec.head_job or "", 0.0))
 
-    def replace_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+    def replace_head(self, timeout: float = defaults.WAIT_TIMEOUT,
+                     progress: Callable[[str], None] | None = None) -> Head:
         """Return the healthy head, electing one first if the session has none.
 
         Any number of processes may call this at once: one wins the claim in
@@ -411,7 +417,7 @@ class Session:
         job, address = Failover(self).replace_head(timeout, progress)
         return Head(job, address, self)
 
-    def ready_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+    def ready_head(self, timeout: float = defaults.WAIT_TIMEOUT, progress: Callable[[str], None] | None = None) -> Head:
         """The current head once it is healthy, never electing (see :mod:`coordinator.head.ready`)."""
         return ready.ready_head(self, timeout, progress)
 
@@ -452,7 +458,7 @@ class Session:
                 log.warning("event=drain_not_delivered job=%s node=%s error=%s", job_id, node, exc)
         return told
 
-    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
+    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = defaults.DRAIN_TIMEOUT,
                                  wait: bool = True, progress: Callable[[str], None] | None = None) -> JobState:
         """Drain a running allocation (cancel a pending one); returns the final Slurm state
         (a ``JobState``, a ``str`` enum: ``== "COMPLETED"`` works).

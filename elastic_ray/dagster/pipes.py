@@ -23,6 +23,7 @@ from dagster import (
     open_pipes_session,
 )
 
+from .. import defaults
 from ..coordinator.session import Session
 from ..protocol.disk import paths
 from .run_session import RunSession
@@ -46,7 +47,7 @@ def run_pipes_payload(
     extra_env: Mapping[str, str] | None = None,
     python: str | None = None,
     extras: Mapping[str, Any] | None = None,
-    head_timeout: float = 3600.0,
+    head_timeout: float = defaults.WAIT_TIMEOUT,
     timeout: float | None = None,
 ) -> PipesClientCompletedInvocation:
     """Run ``python payload_path *args`` on the current head; return its Pipes results.

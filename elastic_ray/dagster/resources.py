@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import typing
 from typing import Any, Literal, Optional
 
@@ -18,6 +17,7 @@ import dagster
 import pydantic
 from pydantic import Field, PrivateAttr
 
+from .. import defaults, knobs
 from ..config import SlurmRunAllocationConfig as CoreRunAllocation
 from ..config.launcher import RayLauncher as CoreRayLauncher
 from ..config.scheduler_choice import SCHEDULER_ENV, scheduler_kind
@@ -91,7 +91,7 @@ class _RunScoped:
         is a ConfigError naming ``mode`` that says both ways. The SSH mode
         reaches a Slurm cluster by definition: there, unset means 'slurm'."""
         mode = getattr(self, "mode")
-        if mode is None and _ssh_of(self) is not None and not os.environ.get(SCHEDULER_ENV):
+        if mode is None and _ssh_of(self) is not None and not knobs.SCHEDULER.is_set():
             return "slurm"
         return scheduler_kind(mode, field="mode")
 
@@ -144,7 +144,7 @@ class ComputeResource(dagster.ConfigurableResource, _RunScoped):
     session_root: Optional[str] = Field(
         default=None, description="Directory for run sessions on a filesystem all nodes see "
                                   "(default: $ELASTIC_RAY_SESSION_ROOT or ~/.elastic-ray/sessions).")
-    head_timeout: float = Field(default=3600.0, gt=0,
+    head_timeout: float = Field(default=defaults.WAIT_TIMEOUT, gt=0,
                                 description="Seconds run() waits for a queued or starting head.")
 
     _run_session: Optional[RunSession] = PrivateAttr(default=None)
@@ -214,7 +214,7 @@ class _SessionResourceBase(dagster.ConfigurableResource, _RunScoped):
                                   "worker allocations inherit its unset fields.")
     launcher: RayLauncher = Field(default_factory=RayLauncher, description="How Ray starts on every node.")
     session_root: Optional[str] = Field(default=None, description="Directory for run sessions (shared FS).")
-    head_timeout: float = Field(default=3600.0, gt=0, description="Seconds to wait for a starting head.")
+    head_timeout: float = Field(default=defaults.WAIT_TIMEOUT, gt=0, description="Seconds to wait for a starting head.")
 
     _run_session: Optional[RunSession] = PrivateAttr(default=None)
 
@@ -253,10 +253,11 @@ class _SessionResourceBase(dagster.ConfigurableResource, _RunScoped):
     def add_worker_allocation(self, config: Any = None) -> WorkerAllocation:
         return self._session().add_worker_allocation(config)
 
-    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0) -> dict[str, str]:
+    def wait_for_worker_allocation(self, handle: WorkerAllocation | str,
+                                   timeout: float = defaults.WAIT_TIMEOUT) -> dict[str, str]:
         return self._session().wait_for_worker_allocation(handle, timeout=timeout)
 
-    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
+    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = defaults.DRAIN_TIMEOUT,
                                  wait: bool = True) -> str:
         return self._session().remove_worker_allocation(handle, drain_timeout=drain_timeout, wait=wait)
 
@@ -264,7 +265,7 @@ class _SessionResourceBase(dagster.ConfigurableResource, _RunScoped):
     def worker_allocations(self) -> list[WorkerAllocation]:
         return self._session().worker_allocations
 
-    def replace_head(self, timeout: float = 3600.0) -> Head:
+    def replace_head(self, timeout: float = defaults.WAIT_TIMEOUT) -> Head:
         return self._session().replace_head(timeout=timeout)
 
     def run(self, context: Any, payload_path: str, **kwargs: Any) -> dagster.PipesClientCompletedInvocation:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from .. import defaults, knobs
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
 from ..config.queue import RunLayout, SlurmQueue, resolve_worker_allocation
@@ -33,7 +33,7 @@ from ..scheduler.base import JobState
 
 log = logging.getLogger("elastic_ray.dagster")
 
-SESSION_ROOT_ENV = "ELASTIC_RAY_SESSION_ROOT"
+SESSION_ROOT_ENV = knobs.SESSION_ROOT.name
 LOCK_TIMEOUT = 300.0
 # The marker the orphan sensor leaves after tearing a session down
 # (paths.ended_marker); reopening the session (a re-execution) removes it.
@@ -45,7 +45,7 @@ def session_root(configured: str | None) -> Path:
     directories are on the shared filesystem on most clusters)."""
     if configured:
         return Path(configured).expanduser().absolute()
-    env = os.environ.get(SESSION_ROOT_ENV, "").strip()
+    env = knobs.SESSION_ROOT.read()
     if env:
         return Path(env).expanduser().absolute()
     return Path.home() / ".elastic-ray" / "sessions"
@@ -118,20 +118,20 @@ class RunSession:
         """Submit a worker allocation (Dagster or core config); returns on submission."""
         return self.session.add_worker_allocation(self.resolve_worker_config(config))
 
-    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0,
+    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = defaults.WAIT_TIMEOUT,
                                    progress: Callable[[str], None] | None = None) -> dict[str, str]:
         return self.session.wait_for_worker_allocation(handle, timeout=timeout, progress=progress)
 
-    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
+    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = defaults.DRAIN_TIMEOUT,
                                  wait: bool = True, progress: Callable[[str], None] | None = None) -> JobState:
         return self.session.remove_worker_allocation(handle, drain_timeout=drain_timeout, wait=wait,
                                                      progress=progress)
 
     # -- head
-    def replace_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+    def replace_head(self, timeout: float = defaults.WAIT_TIMEOUT, progress: Callable[[str], None] | None = None) -> Head:
         return self.session.replace_head(timeout=timeout, progress=progress)
 
-    def ready_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+    def ready_head(self, timeout: float = defaults.WAIT_TIMEOUT, progress: Callable[[str], None] | None = None) -> Head:
         """The current head once it is healthy, never electing (see :mod:`coordinator.head.ready`)."""
         return self.session.ready_head(timeout=timeout, progress=progress)
 
@@ -149,7 +149,7 @@ class RunSession:
 
 
 def open_or_create(root: Path, key: str, *, layout: RunLayout, scheduler: str, launcher: RayLauncher,
-                   queue: SlurmQueue, heal_timeout: float = 3600.0) -> RunSession:
+                   queue: SlurmQueue, heal_timeout: float = defaults.WAIT_TIMEOUT) -> RunSession:
     """The run's session, created by the first caller of any process.
 
     On open, a head that is gone is replaced at once (a retried run whose

@@ -27,6 +27,7 @@ from dagster import PipesEnvContextInjector, PipesFileMessageReader, open_pipes_
 from dagster_pipes import DAGSTER_PIPES_MESSAGES_ENV_VAR, encode_param
 from pydantic import Field
 
+from .. import defaults
 from ..config.launcher import RayLauncher
 from ..config.queue import RunLayout, SlurmQueue
 from ..protocol.disk import paths
@@ -63,7 +64,7 @@ def remote_python_of(remote_base: str, remote_python: str | None) -> str:
 
 def open_or_create_remote(ssh: SSHConnectionResource, remote_base: str, remote_python: str | None, key: str, *,
                           layout: RunLayout, scheduler: str, launcher: RayLauncher, queue: SlurmQueue,
-                          heal_timeout: float = 3600.0) -> RunSession:
+                          heal_timeout: float = defaults.WAIT_TIMEOUT) -> RunSession:
     """The run's session on the cluster, created by the first step of any process
     (the lock is on the cluster side); a lost head is replaced on open, as locally."""
     path = str(PurePosixPath(remote_base) / "sessions" / key)

@@ -22,6 +22,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from .. import knobs
+
 
 def commit_units(path: str, total: int, say: Callable[[str], None] = print) -> dict[str, int]:
     """Compute and commit every unit of ``range(total)`` not yet in ``path``.
@@ -32,8 +34,8 @@ def commit_units(path: str, total: int, say: Callable[[str], None] = print) -> d
     import ray
 
     done = set(open(path).read().split()) if os.path.exists(path) else set()
-    trace = os.environ.get("ELASTIC_RAY_PAYLOAD_TRACE") or None
-    seconds = float(os.environ.get("ELASTIC_RAY_PAYLOAD_UNIT_SECONDS") or 0.3)
+    trace = knobs.PAYLOAD_TRACE.read()
+    seconds = knobs.PAYLOAD_UNIT_SECONDS.value()
 
     @ray.remote(num_cpus=1, max_retries=3)
     def work(unit: int) -> tuple[int, str]:

@@ -25,10 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from .. import __version__
+from .. import __version__, defaults
 from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
-from ..coordinator.detached import ABANDON_AFTER
 from ..coordinator.drivers import RunResult
 from ..coordinator.handles import Head, WorkerAllocation
 from ..errors import ConfigError
@@ -214,8 +213,8 @@ class RemoteSession:
     def create(cls, path: str | Path, *, ssh: SshTarget | SshConnection, head: SlurmRunAllocationConfig,
                remote_python: str = "python3", scheduler: str = "slurm", launcher: RayLauncher | None = None,
                ray_head_only: bool = True, worker_allocation: SlurmWorkerAllocationConfig | None = None,
-               job_name: str | None = None, supervise_interval: float = 30.0,
-               abandon_after: float = ABANDON_AFTER) -> "RemoteSession":
+               job_name: str | None = None, supervise_interval: float = defaults.SUPERVISE_INTERVAL,
+               abandon_after: float = defaults.ABANDON_AFTER) -> "RemoteSession":
         """Create the session on the cluster side and submit its head (as ``Session.create``).
 
         ``path`` is a directory on the cluster's shared filesystem;
@@ -238,7 +237,8 @@ class RemoteSession:
     def _create_args(remote: str, head: SlurmRunAllocationConfig, *, scheduler: str = "slurm",
                      launcher: RayLauncher | None = None, ray_head_only: bool = True,
                      worker_allocation: SlurmWorkerAllocationConfig | None = None, job_name: str | None = None,
-                     supervise_interval: float = 30.0, abandon_after: float = ABANDON_AFTER) -> dict[str, Any]:
+                     supervise_interval: float = defaults.SUPERVISE_INTERVAL,
+                     abandon_after: float = defaults.ABANDON_AFTER) -> dict[str, Any]:
         """Pure: the arguments of a create, checked here before any SSH traffic."""
         if not isinstance(head, SlurmRunAllocationConfig):
             raise ConfigError("head", head, "must be a SlurmRunAllocationConfig")
@@ -267,7 +267,8 @@ class RemoteSession:
 
     @classmethod
     def open(cls, path: str | Path, *, ssh: SshTarget | SshConnection, remote_python: str = "python3",
-             supervise_interval: float = 30.0, abandon_after: float = ABANDON_AFTER) -> "RemoteSession":
+             supervise_interval: float = defaults.SUPERVISE_INTERVAL,
+             abandon_after: float = defaults.ABANDON_AFTER) -> "RemoteSession":
         """Open an existing session (a reconnecting client): it sees the
         current state, and restarts the detached supervisor if that is gone."""
         conn, remote = cls._connection(ssh), cls._remote_path(path)
@@ -330,7 +331,8 @@ class RemoteSession:
         return self._call("hello")
 
     # ------------------------------------------------------------ changes
-    def wait_for_head(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> str:
+    def wait_for_head(self, timeout: float = defaults.HEAD_WAIT_TIMEOUT,
+                      progress: Callable[[str], None] | None = None) -> str:
         """Wait until the head published its endpoint; returns its address. ``progress`` gets the waits' news."""
         return self._call("wait_for_head", progress, timeout=timeout)
 
@@ -341,12 +343,12 @@ class RemoteSession:
         job = self._call("add_worker", config=None if config is None else config.to_dict())
         return WorkerAllocation(self, job)
 
-    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = 3600.0,
+    def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = defaults.WAIT_TIMEOUT,
                                    progress: Callable[[str], None] | None = None) -> dict[str, str]:
         """Wait until every node of the allocation joined; returns {node: Ray node id}."""
         return self._call("wait_worker", progress, timeout=timeout, job_id=_job(handle))
 
-    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = 900.0,
+    def remove_worker_allocation(self, handle: WorkerAllocation | str, drain_timeout: float = defaults.DRAIN_TIMEOUT,
                                  wait: bool = True, progress: Callable[[str], None] | None = None) -> JobState:
         """Drain a running allocation (cancel a pending one); returns its final Slurm state."""
         return JobState(self._call("remove_worker", progress, job_id=_job(handle), drain_timeout=drain_timeout,
@@ -356,7 +358,8 @@ class RemoteSession:
         """Ask every node of a job to drain (what ``request_drain`` of a handle calls); returns how many agents took it."""
         return self._call("drain_job", job_id=job_id, drain_timeout=drain_timeout, reason=reason)
 
-    def ready_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+    def ready_head(self, timeout: float = defaults.WAIT_TIMEOUT,
+                   progress: Callable[[str], None] | None = None) -> Head:
         """The current head once healthy; waits while it is queued or starting, never elects."""
         value = self._call("ready_head", progress, timeout=timeout)
         return Head(value["job_id"], value["address"], self)
@@ -365,7 +368,8 @@ class RemoteSession:
         """Whether the head must be replaced now (ended, stopped, draining, replaced)."""
         return bool(self._call("head_is_lost"))
 
-    def replace_head(self, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+    def replace_head(self, timeout: float = defaults.WAIT_TIMEOUT,
+                     progress: Callable[[str], None] | None = None) -> Head:
         value = self._call("replace_head", progress, timeout=timeout)
         return Head(value["job_id"], value["address"], self)
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .. import __version__
+from .. import __version__, defaults, knobs
 from . import wire
 from ..coordinator import detached
 from ..protocol.disk import paths
@@ -83,8 +83,9 @@ def _head(head) -> dict[str, str] | None:
 
 def _describe(session, args: Mapping[str, Any]) -> dict[str, Any]:
     """What a client learns on create/open; the session's supervisor runs from here on."""
-    pid = detached.ensure_supervisor(session.path, float(args.get("supervise_interval", 30.0)),
-                                     float(args.get("abandon_after", detached.ABANDON_AFTER)))
+    pid = detached.ensure_supervisor(session.path,
+                                     float(args.get("supervise_interval", defaults.SUPERVISE_INTERVAL)),
+                                     float(args.get("abandon_after", defaults.ABANDON_AFTER)))
     return {"path": str(session.path), "job_name": session.job_name, "info": session.info.to_dict(),
             "supervisor_pid": pid}
 
@@ -138,7 +139,8 @@ def op_head(args: Mapping[str, Any], reply: Reply) -> Any:
 
 
 def op_wait_for_head(args: Mapping[str, Any], reply: Reply) -> Any:
-    return _session(args).wait_for_head(timeout=float(args.get("timeout", 600.0)), progress=reply.progress)
+    return _session(args).wait_for_head(timeout=float(args.get("timeout", defaults.HEAD_WAIT_TIMEOUT)),
+                                        progress=reply.progress)
 
 
 def op_add_worker(args: Mapping[str, Any], reply: Reply) -> Any:
@@ -151,18 +153,20 @@ def op_add_worker(args: Mapping[str, Any], reply: Reply) -> Any:
 
 
 def op_wait_worker(args: Mapping[str, Any], reply: Reply) -> Any:
-    return _session(args).wait_for_worker_allocation(str(args["job_id"]), timeout=float(args.get("timeout", 3600.0)),
+    return _session(args).wait_for_worker_allocation(str(args["job_id"]),
+                                                     timeout=float(args.get("timeout", defaults.WAIT_TIMEOUT)),
                                                      progress=reply.progress)
 
 
 def op_remove_worker(args: Mapping[str, Any], reply: Reply) -> Any:
     return _session(args).remove_worker_allocation(str(args["job_id"]),
-                                                   drain_timeout=float(args.get("drain_timeout", 900.0)),
+                                                   drain_timeout=float(args.get("drain_timeout",
+                                                                                defaults.DRAIN_TIMEOUT)),
                                                    wait=bool(args.get("wait", True)), progress=reply.progress)
 
 
 def op_drain_job(args: Mapping[str, Any], reply: Reply) -> Any:
-    return _session(args).drain_job(str(args["job_id"]), float(args.get("drain_timeout", 900.0)),
+    return _session(args).drain_job(str(args["job_id"]), float(args.get("drain_timeout", defaults.DRAIN_TIMEOUT)),
                                     str(args.get("reason", "request_drain")))
 
 
@@ -171,13 +175,14 @@ def op_worker_allocations(args: Mapping[str, Any], reply: Reply) -> Any:
 
 
 def op_replace_head(args: Mapping[str, Any], reply: Reply) -> Any:
-    return _head(_session(args).replace_head(timeout=float(args.get("timeout", 3600.0)), progress=reply.progress))
+    return _head(_session(args).replace_head(timeout=float(args.get("timeout", defaults.WAIT_TIMEOUT)),
+                                             progress=reply.progress))
 
 
 def op_ready_head(args: Mapping[str, Any], reply: Reply) -> Any:
     from ..coordinator.head.ready import ready_head
 
-    return _head(ready_head(_session(args), float(args.get("timeout", 3600.0)), progress=reply.progress))
+    return _head(ready_head(_session(args), float(args.get("timeout", defaults.WAIT_TIMEOUT)), progress=reply.progress))
 
 
 def op_head_is_lost(args: Mapping[str, Any], reply: Reply) -> Any:
@@ -336,7 +341,7 @@ def serve(fd: int, stdout: BinaryIO) -> int:
 
 
 def main() -> int:
-    logging.basicConfig(level=os.environ.get("ELASTIC_RAY_REMOTE_LOG", "WARNING"), stream=sys.stderr,
+    logging.basicConfig(level=knobs.REMOTE_LOG.read(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     code = serve(sys.stdin.fileno(), sys.stdout.buffer)
     sys.stdout.flush()

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-#: Ray's setting -> (our knob, our default). Ray reads ``RAY_<name>`` at start.
-SETTINGS: Mapping[str, tuple[str, int]] = {
-    "health_check_period_ms": ("ELASTIC_AGENT_HEALTH_CHECK_PERIOD_MS", 1000),
-    "health_check_timeout_ms": ("ELASTIC_AGENT_HEALTH_CHECK_TIMEOUT_MS", 1000),
-    "health_check_failure_threshold": ("ELASTIC_AGENT_HEALTH_CHECK_FAILURE_THRESHOLD", 4),
-    "health_check_initial_delay_ms": ("ELASTIC_AGENT_HEALTH_CHECK_INITIAL_DELAY_MS", 3000),
+from ... import knobs
+
+#: Ray's setting -> our knob (its default is ours; see :mod:`elastic_ray.knobs`). Ray reads ``RAY_<name>`` at start.
+SETTINGS: Mapping[str, knobs.Knob[int]] = {
+    "health_check_period_ms": knobs.HEALTH_CHECK_PERIOD_MS,
+    "health_check_timeout_ms": knobs.HEALTH_CHECK_TIMEOUT_MS,
+    "health_check_failure_threshold": knobs.HEALTH_CHECK_FAILURE_THRESHOLD,
+    "health_check_initial_delay_ms": knobs.HEALTH_CHECK_INITIAL_DELAY_MS,
 }
 
 
@@ -47,21 +49,11 @@ def head_health_env(agent_env: Mapping[str, str], launcher_env: Mapping[str, str
     """
     launcher_env = launcher_env or {}
     env: dict[str, str] = {}
-    for name, (knob, default) in SETTINGS.items():
+    for name, knob in SETTINGS.items():
         ray_name = f"RAY_{name}"
         if ray_name in launcher_env or ray_name in agent_env:
             continue   # the user's own setting reaches the GCS unchanged
-        text = agent_env.get(knob, "").strip()
-        value = default
-        if text:
-            floor = 1 if name == "health_check_failure_threshold" else 100
-            try:
-                value = int(text)
-            except ValueError:
-                raise ValueError(f"{knob}={text!r}: must be a whole number") from None
-            if value < floor:
-                raise ValueError(f"{knob}={text!r}: must be >= {floor}")
-        env[ray_name] = str(value)
+        env[ray_name] = str(knob.read(agent_env))
     return env
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import psutil
 
+from ... import knobs
 from ...errors import NodeAddressError
 from .ray_args import check_ip
 
@@ -120,7 +121,7 @@ def resolve_node_address(node: str, *, network_interface: str | None = None,
         return interface_address(network_interface, node)
     if node_ip_address_command is not None:
         return command_address(node_ip_address_command, node, env=environ)
-    configured = environ.get("ELASTIC_RAY_NODE_IP")
+    configured = knobs.NODE_IP.read(environ)
     if configured:
         return configured
     return hostname_address(node)

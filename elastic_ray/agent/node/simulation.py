@@ -22,18 +22,17 @@ agent reports Ray nodes that do not exist.
 
 from __future__ import annotations
 
-import os
-import shlex
 from collections.abc import Mapping
 
-RAY_EXECUTABLE_ENV = "ELASTIC_RAY_RAY_EXECUTABLE"
-GCS_PROBE_ENV = "ELASTIC_RAY_GCS_PROBE"
+from ... import knobs
+
+RAY_EXECUTABLE_ENV = knobs.RAY_EXECUTABLE.name
+GCS_PROBE_ENV = knobs.GCS_PROBE.name
 
 
 def ray_executable(environ: Mapping[str, str] | None = None) -> str | None:
     """The stand-in for ``ray`` named by ``$ELASTIC_RAY_RAY_EXECUTABLE``, or None (the real one)."""
-    value = (os.environ if environ is None else environ).get(RAY_EXECUTABLE_ENV, "").strip()
-    return value or None
+    return knobs.RAY_EXECUTABLE.read(environ)
 
 
 def gcs_probe_argv(environ: Mapping[str, str] | None = None) -> list[str] | None:
@@ -42,11 +41,4 @@ def gcs_probe_argv(environ: Mapping[str, str] | None = None) -> list[str] | None
     Raises ValueError naming the variable when it cannot be split (an
     unclosed quote), rather than running something else.
     """
-    value = (os.environ if environ is None else environ).get(GCS_PROBE_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        argv = shlex.split(value)
-    except ValueError as exc:
-        raise ValueError(f"{GCS_PROBE_ENV}={value!r}: {exc}") from None
-    return argv or None
+    return knobs.GCS_PROBE.read(environ) or None

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ... import defaults
 from ...config.slurm_values import expand_hostlist
 from ...scheduler.base import JobInfo, JobState
 
@@ -37,7 +38,7 @@ DEFAULT_SLURMD_PORT = 6818
 DEFAULT_SLURMD_TIMEOUT = 300.0
 #: Seconds between two looks at the local slurmd while it answers
 #: (``ELASTIC_AGENT_SLURMD_CHECK``; 0 turns the check off).
-DEFAULT_CHECK_INTERVAL = 20.0
+DEFAULT_CHECK_INTERVAL = defaults.SLURMD_CHECK_INTERVAL
 #: slurmd must be gone at least this long before the scheduler is asked: a
 #: restarted slurmd listens again within a second or two.
 ASK_GRACE = 10.0

@@ -34,13 +34,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ... import knobs
 from ...scheduler.base import JobInfo
 from ..machine import Event, ShutdownRequested
 from .signal_drain import own_job_info
-from .slurmd_rules import DEFAULT_CHECK_INTERVAL, SlurmdConf, plan, read_slurmd_conf, verdict
+from .slurmd_rules import SlurmdConf, plan, read_slurmd_conf, verdict
 
-CHECK_ENV = "ELASTIC_AGENT_SLURMD_CHECK"
-PORT_ENV = "ELASTIC_AGENT_SLURMD_PORT"
+CHECK_ENV = knobs.SLURMD_CHECK.name
+PORT_ENV = knobs.SLURMD_PORT.name
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 #: How long one lookup may take; nothing waits on it but the next lookup.
 LOOKUP_TIMEOUT = 10.0
@@ -109,17 +110,9 @@ def slurmd_listening(port: int, tables: tuple[str, ...] = _TCP_TABLES) -> bool |
 
 
 def check_interval(environ: Mapping[str, str]) -> float:
-    """Seconds between looks at slurmd from ``ELASTIC_AGENT_SLURMD_CHECK``; 0 turns it off."""
-    raw = environ.get(CHECK_ENV, "").strip()
-    if not raw:
-        return DEFAULT_CHECK_INTERVAL
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (value == 0 or 1.0 <= value <= 3600.0):
-        raise ValueError(f"{CHECK_ENV}={raw!r}: seconds between checks of the local slurmd, 0 (off) or 1 to 3600")
-    return value
+    """Seconds between looks at slurmd from ``ELASTIC_AGENT_SLURMD_CHECK`` (default
+    ``slurmd_rules.DEFAULT_CHECK_INTERVAL``); 0 turns it off. ValueError naming the knob."""
+    return knobs.SLURMD_CHECK.value(environ)
 
 
 def load_slurmd_conf(environ: Mapping[str, str], node: str) -> SlurmdConf:
@@ -131,11 +124,9 @@ def load_slurmd_conf(environ: Mapping[str, str], node: str) -> SlurmdConf:
     except OSError:
         text = ""
     conf = read_slurmd_conf(text, node)
-    raw = environ.get(PORT_ENV, "").strip()
-    if raw:
-        if not raw.isdigit() or not 1 <= int(raw) <= 65535:
-            raise ValueError(f"{PORT_ENV}={raw!r}: the local slurmd's TCP port, 1 to 65535")
-        conf = SlurmdConf(port=int(raw), slurmd_timeout=conf.slurmd_timeout)
+    port = knobs.SLURMD_PORT.read(environ)
+    if port is not None:
+        conf = SlurmdConf(port=port, slurmd_timeout=conf.slurmd_timeout)
     return conf
 
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ... import defaults
 from ...scheduler.base import JobState
 from ..machine import DrainRequested, drain_deadline_for_signal
 
 #: How long before its walltime a head without a pre-walltime signal is
 #: drained (the seed's five minutes). Agents take it from
 #: ``ELASTIC_AGENT_HEAD_DRAIN_LEAD``, so a test can shorten it.
-DEFAULT_HEAD_DRAIN_LEAD = 300.0
+DEFAULT_HEAD_DRAIN_LEAD = defaults.HEAD_DRAIN_LEAD
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ... import knobs
 from ...atomic import RECORD_ERRORS, atomic_write_json, read_record
 from ...errors import CorruptFileError
 from ...protocol.disk import paths
@@ -48,11 +49,11 @@ LOCK_POLL = 0.05
 CLOCK_SKEW = 5.0
 #: ``ELASTIC_RAY_SHARED_ANSWERS=0`` turns sharing off: every caller asks the
 #: scheduler itself, as before (the bench's "before" figures; a way out).
-ENV_SWITCH = "ELASTIC_RAY_SHARED_ANSWERS"
+ENV_SWITCH = knobs.SHARED_ANSWERS.name
 
 
 def sharing_enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    return knobs.SHARED_ANSWERS.value()
 
 
 def _opt_float(d: Mapping[str, Any], key: str) -> float | None:

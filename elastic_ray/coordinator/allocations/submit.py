@@ -10,12 +10,12 @@ compute node.
 
 from __future__ import annotations
 
-import os
 import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from ... import knobs
 from ...config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ...config.launcher import RayLauncher
 from ...atomic import atomic_write_json
@@ -23,10 +23,6 @@ from ...protocol.disk import paths
 from ...protocol.disk.records import AllocationRecord
 from ...protocol.disk.session_dir import SessionDir
 from ...scheduler.base import JobSpec
-
-# Agent settings that tests (and impatient operators) may tune through the
-# environment of the process that submits; they are passed on to every node.
-AGENT_ENV_PREFIX = "ELASTIC_AGENT_"
 
 
 def agent_argv(session: SessionDir, role: str, spec: Path | None = None,
@@ -38,20 +34,38 @@ def agent_argv(session: SessionDir, role: str, spec: Path | None = None,
     return tuple(argv)
 
 
-def agent_env(launcher: RayLauncher, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The launcher's environment plus any ELASTIC_AGENT_* tuning of the caller."""
-    environ = os.environ if environ is None else environ
+def agent_env(launcher: RayLauncher, forwarded: Mapping[str, str] | None = None,
+              environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The launcher's environment plus the session's ``ELASTIC_AGENT_*`` tuning.
+
+    ``forwarded`` is what the session recorded when it was created
+    (``SessionInfo.agent_env``: the creating process's ``ELASTIC_AGENT_*``
+    variables), so every job of the run, submitted by any process (a
+    restarted supervisor, a resubmission, the SSH mode's detached
+    supervisor), configures its nodes alike. sbatch hands a job the whole
+    environment of its submitter (the local scheduler does the same), so a
+    variable of the submitting process (``environ``, default this one's)
+    that the session did not record is exported blank, which every reader
+    takes for unset, unless the launcher's env sets it. None (a session
+    created before it was recorded, or a plan with no session yet) takes
+    this process's own, as every submission did before.
+    """
     env = dict(launcher.env)
-    env.update({k: v for k, v in environ.items() if k.startswith(AGENT_ENV_PREFIX)})
+    if forwarded is None:
+        env.update(knobs.forwarded_agent_env(environ))
+        return env
+    env.update({name: "" for name in knobs.forwarded_agent_env(environ)
+                if name not in forwarded and name not in launcher.env})
+    env.update(forwarded)
     return env
 
 
 def head_spec(session: SessionDir, job_name: str, head: SlurmRunAllocationConfig,
-              launcher: RayLauncher) -> JobSpec:
+              launcher: RayLauncher, forwarded: Mapping[str, str] | None = None) -> JobSpec:
     return JobSpec(job_name=job_name, role="head", allocation=head,
                    node_argv=agent_argv(session, "head", python=launcher.python_executable),
                    workdir=session.path, output=str(paths.job_output_template(session.path, "head")),
-                   env=agent_env(launcher), pre_start_commands=launcher.pre_start_commands)
+                   env=agent_env(launcher, forwarded), pre_start_commands=launcher.pre_start_commands)
 
 
 def write_worker_spec(session: SessionDir, config: SlurmWorkerAllocationConfig, *,
@@ -71,11 +85,11 @@ def write_worker_spec(session: SessionDir, config: SlurmWorkerAllocationConfig, 
 
 
 def worker_spec(session: SessionDir, job_name: str, config: SlurmWorkerAllocationConfig,
-                launcher: RayLauncher, spec_path: Path) -> JobSpec:
+                launcher: RayLauncher, spec_path: Path, forwarded: Mapping[str, str] | None = None) -> JobSpec:
     return JobSpec(job_name=job_name, role="worker", allocation=config,
                    node_argv=agent_argv(session, "worker", spec_path, python=launcher.python_executable),
                    workdir=session.path, output=str(paths.job_output_template(session.path, "worker")),
-                   env=agent_env(launcher), pre_start_commands=launcher.pre_start_commands)
+                   env=agent_env(launcher, forwarded), pre_start_commands=launcher.pre_start_commands)
 
 
 def first_worker_config(record: AllocationRecord,

@@ -44,11 +44,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Union
 
+from ... import defaults
 from ...protocol.disk.records import AllocationRecord, ElectionClaim, WorkerIntent, WorkerRecord, check_job_id
 from ...scheduler.base import JobInfo, JobState, state_text
 
 #: A claim whose elector died blocks the next election this long (seconds).
-DEFAULT_CLAIM_PERIOD = 120.0
+DEFAULT_CLAIM_PERIOD = defaults.CLAIM_PERIOD
 
 #: A worker allocation that failed this many times to start a head is passed over.
 MAX_HEAD_FAILURES = 2

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from ... import defaults
 from ...errors import SlurmAllocationEnded
 from . import election
 from ..allocations import pacing
@@ -21,7 +22,8 @@ from ..ports import SupervisedSession
 log = logging.getLogger("elastic_ray.coordinator")
 
 
-def ready_head(s: SupervisedSession, timeout: float = 3600.0, progress: Callable[[str], None] | None = None) -> Head:
+def ready_head(s: SupervisedSession, timeout: float = defaults.WAIT_TIMEOUT,
+               progress: Callable[[str], None] | None = None) -> Head:
     """The current head once it is healthy; waits while it is queued or
     starting. A head that ended, stopped or drains raises
     ``SlurmAllocationEnded`` (this does not elect: call ``replace_head``).

@@ -32,6 +32,7 @@ import time
 from typing import Callable
 
 from ...config import SlurmWorkerAllocationConfig
+from ... import defaults
 from ...errors import ElasticRayError
 from . import election
 from .headwatch import HeadObservation
@@ -41,7 +42,7 @@ from .standby import StandbyKeeper
 
 log = logging.getLogger("elastic_ray.coordinator")
 
-DEFAULT_INTERVAL = 30.0
+DEFAULT_INTERVAL = defaults.SUPERVISE_INTERVAL
 
 
 def should_elect_on_its_own(has_workers: bool, ray_head_only: bool) -> bool:
@@ -164,7 +165,7 @@ class HeadSupervisor:
         assessment = session.assess_head(rec, jobs, obs, now)
         if assessment.needs_election:
             self._emit("election_needed", why=repr(assessment.why))
-            head = session.replace_head(timeout=3600)
+            head = session.replace_head(timeout=defaults.WAIT_TIMEOUT)
             self._emit("head_ready", head=head.job_id, address=head.address)
             rec, jobs = session.record(), session.query(max_age=watch_max_age())
         if self.keep_worker:

@@ -20,8 +20,9 @@ holds this text, and the table in docs/architecture.md, to it)::
 
     <session>/
       session.json                  the session's settings (SessionInfo): session id, Slurm job name, scheduler,
-                                    head shape, layout, launcher, protocol version; written once and last, so a
-                                    directory with it is a complete session
+                                    head shape, layout, launcher, the creator's ELASTIC_AGENT_* settings (every
+                                    job's nodes get them), protocol version; written once and last, so a directory
+                                    with it is a complete session
                                     written by: coordinator (`Session.create`, through `SessionDir.create`)
                                     read by: every process of the run; Dagster's sensor and the SSH server take a
                                     directory with one for a session
@@ -535,7 +536,8 @@ _PUBLISHING = "`agent/head/publishing`"
 ENTRIES: tuple[Entry, ...] = (
     Entry((SESSION_FILE,),
           "the session's settings (SessionInfo): session id, Slurm job name, scheduler, head shape, layout, "
-          "launcher, protocol version; written once and last, so a directory with it is a complete session",
+          "launcher, the creator's ELASTIC_AGENT_* settings (every job's nodes get them), protocol version; "
+          "written once and last, so a directory with it is a complete session",
           _CREATE,
           "every process of the run; Dagster's sensor and the SSH server take a directory with one for a session"),
     Entry((ALLOCATION_FILE,),

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from ... import knobs
+
 # Job ids and names follow the one Slurm vocabulary (config/slurm_values.py);
 # re-exported here for the session directory and the CLI, which read records.
 from ...config.slurm_values import check_job_id, check_job_name, is_job_id  # noqa: F401
@@ -62,6 +64,10 @@ class SessionInfo:
     {"kind": "local", "state_dir": ...}). ``user`` is who submits the
     session's jobs: queries and cancels are limited to that user's jobs
     (None in sessions created before it was recorded: the process's user).
+    ``agent_env`` is the creating process's ``ELASTIC_AGENT_*`` variables,
+    which every job of the session forwards to its nodes, whoever submits
+    it (None in sessions created before it was recorded: the submitting
+    process's own).
     """
 
     session_id: str
@@ -74,6 +80,11 @@ class SessionInfo:
     launcher: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     protocol_version: int = PROTOCOL_VERSION
     user: str | None = None
+    agent_env: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.agent_env is not None:
+            object.__setattr__(self, "agent_env", MappingProxyType(_check_agent_env(self.agent_env)))
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -89,6 +100,8 @@ class SessionInfo:
         }
         if self.user is not None:
             data["user"] = self.user
+        if self.agent_env is not None:
+            data["agent_env"] = dict(self.agent_env)
         return data
 
     @classmethod
@@ -108,9 +121,20 @@ class SessionInfo:
                                else MappingProxyType(dict(w))),
             launcher=MappingProxyType(dict(_get(data, "launcher", dict))),
             protocol_version=version,
-            # Added compatibly: sessions created before it have no key.
+            # Added compatibly: sessions created before them have no key.
             user=_get(data, "user", str, optional=True) or None,
+            agent_env=_get(data, "agent_env", dict, optional=True),
         )
+
+
+def _check_agent_env(env: Mapping[str, Any]) -> dict[str, str]:
+    """``SessionInfo.agent_env``: string values, under ``ELASTIC_AGENT_*`` names only."""
+    if not isinstance(env, Mapping):
+        raise ValueError(f"'agent_env' has type {type(env).__name__}")
+    for name, value in env.items():
+        if not isinstance(name, str) or not name.startswith(knobs.AGENT_PREFIX) or not isinstance(value, str):
+            raise ValueError(f"agent_env[{name!r}]: must be a string under a {knobs.AGENT_PREFIX}* name")
+    return dict(env)
 
 
 # ---------------------------------------------------------------- allocation.json

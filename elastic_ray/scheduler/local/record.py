@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from ... import knobs
 from ...config.slurm_values import is_job_id, parse_signal_name  # noqa: F401 - parse_signal_name is re-exported
 from ..base import JobInfo, JobState
 from .cluster import Holding, Placement, ResourceRequest, compress_hostlist
@@ -486,7 +487,7 @@ def decide(view: RunView) -> Action:
 # submitter's own job (a payload step that submits a worker allocation runs
 # inside one) and would lie about the new job.
 _INHERITED_PREFIXES = ("SLURM_", "SLURMD_")
-_INHERITED_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "ELASTIC_RAY_NODE_IP"})
+_INHERITED_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", knobs.NODE_IP.name})
 
 
 def node_environment(record: JobRecord, index: int, base: Mapping[str, str],
@@ -522,7 +523,7 @@ def node_environment(record: JobRecord, index: int, base: Mapping[str, str],
         "SLURM_MEM_PER_NODE": str(holding.mem_mb),
         "SLURM_JOB_PARTITION": record.partition,
         "SLURM_SUBMIT_DIR": record.workdir,
-        "ELASTIC_RAY_NODE_IP": address,
+        knobs.NODE_IP.name: address,
     })
     if holding.gpus:
         indices = ",".join(str(g) for g in holding.gpus)
