@@ -32,6 +32,7 @@ command raises it).
 
 from __future__ import annotations
 
+import enum
 import os
 import shlex
 from collections.abc import Sequence
@@ -125,11 +126,55 @@ class AllocationFailed(ElasticRayError):
         super().__init__(message)
 
 
+class AllocationState(str, enum.Enum):
+    """Why an allocation is gone, as ``SlurmAllocationEnded.allocation_state``
+    says it: Slurm's final state of the job, or what the session saw instead.
+    A ``str`` enum: ``exc.allocation_state == "TIMEOUT"`` keeps working.
+
+    Slurm's names are those of ``scheduler.base.JobState``; the others are the
+    head conditions that call for an election (``coordinator.head.election``)
+    in capitals, and ``REPLACED`` (a newer head took over) and ``DRAINING`` (the
+    head phases out). ``tests/test_errors.py`` holds the list to both enums.
+    """
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETING = "COMPLETING"
+    SUSPENDED = "SUSPENDED"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    ENDED_UNKNOWN = "ENDED_UNKNOWN"
+    HEALTHY = "HEALTHY"
+    STARTING = "STARTING"
+    QUEUED = "QUEUED"
+    UNREPORTED = "UNREPORTED"
+    NO_HEAD = "NO_HEAD"
+    JOB_ENDED = "JOB_ENDED"
+    RAY_STOPPED = "RAY_STOPPED"
+    DRAINING = "DRAINING"
+    REPLACED = "REPLACED"
+
+    def __str__(self) -> str:   # printed and formatted as the plain name
+        return self.value
+
+
 class SlurmAllocationEnded(ElasticRayError):
-    """The allocation that hosted a payload driver is gone (or was replaced)."""
+    """The allocation that hosted a payload driver is gone (or was replaced).
+
+    ``allocation_state`` is an :class:`AllocationState` (a name outside the
+    list, from a newer Slurm, stays the plain string rather than fail here)."""
 
     def __init__(self, message: str, *, allocation_state: str, job_id: str | None = None):
-        self.allocation_state = allocation_state
+        known = allocation_state in AllocationState._value2member_map_
+        self.allocation_state: AllocationState | str = (AllocationState(allocation_state) if known
+                                                         else allocation_state)
         self.job_id = job_id
         super().__init__(message)
 

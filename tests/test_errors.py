@@ -36,10 +36,11 @@ def test_every_class_of_the_module_is_an_elastic_ray_error():
     found = error_classes()
     assert len(found) >= 25, sorted(found)
     assert [n for n, cls in found.items() if not issubclass(cls, errors.ElasticRayError)] == []
-    # Nothing but exceptions (and the private protocol SshError reads) is defined there.
+    # Nothing but exceptions is defined there, besides the private protocol SshError reads and
+    # the enum of SlurmAllocationEnded.allocation_state.
     others = [name for name, obj in vars(errors).items() if isinstance(obj, type) and obj.__module__ == errors.__name__
               and name not in found]
-    assert others == ["_SshLogin"]
+    assert sorted(others) == ["AllocationState", "_SshLogin"]
 
 
 @pytest.mark.parametrize("name, bases", [
@@ -208,3 +209,22 @@ def test_errors_imports_only_the_standard_library():
             assert node.level == 0, f"errors.py imports from the package (line {node.lineno})"
             imported.add(node.module or "")
     assert imported and [m for m in sorted(imported) if m.split(".")[0] not in sys.stdlib_module_names] == []
+
+
+def test_allocation_state_names_every_slurm_state_and_every_head_condition():
+    from elastic_ray.coordinator.head.election import HeadCondition
+    from elastic_ray.errors import AllocationState
+    from elastic_ray.scheduler.base import JobState
+
+    wanted = {s.value for s in JobState} | {c.value.upper() for c in HeadCondition} | {"REPLACED", "DRAINING"}
+    assert {s.value for s in AllocationState} == wanted
+
+
+@pytest.mark.parametrize("given, is_enum", [("TIMEOUT", True), ("REPLACED", True), ("DRAINING", True),
+                                            ("RESIZING", False)])
+def test_allocation_state_is_the_enum_and_still_compares_as_the_string(given, is_enum):
+    from elastic_ray.errors import AllocationState, SlurmAllocationEnded
+
+    exc = SlurmAllocationEnded("gone", allocation_state=given, job_id="7")
+    assert exc.allocation_state == given and f"{exc.allocation_state}" == given
+    assert isinstance(exc.allocation_state, AllocationState) is is_enum

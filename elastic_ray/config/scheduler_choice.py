@@ -11,26 +11,39 @@ the error says both ways.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 
 from .. import knobs
 from ..errors import ConfigError
 
 SCHEDULER_ENV = knobs.SCHEDULER.name
-SCHEDULER_KINDS = knobs.SCHEDULER.choices
+
+
+class SchedulerKind(str, enum.Enum):
+    """Which scheduler a session submits to: a ``str`` enum, so ``== "slurm"`` keeps working."""
+
+    LOCAL = "local"
+    SLURM = "slurm"
+
+    def __str__(self) -> str:   # printed and formatted as the plain value
+        return self.value
+
+
+SCHEDULER_KINDS = tuple(kind.value for kind in SchedulerKind)
 
 
 def scheduler_kind(named: str | None, environ: Mapping[str, str] | None = None, *,
-                   field: str = "scheduler") -> str:
+                   field: str = "scheduler") -> SchedulerKind:
     """``named`` when given, else the environment's choice; ConfigError
     naming ``field`` (or the variable) for a bad or missing choice. Pure
     apart from reading ``os.environ`` when ``environ`` is None."""
     if named is not None:
         if named not in SCHEDULER_KINDS:
             raise ConfigError(field, named, "must be 'local' or 'slurm' (or a Scheduler)")
-        return named
+        return SchedulerKind(named)
     value = knobs.SCHEDULER.read(environ)     # a KnobError (a ConfigError) names the variable
     if value is None:
         raise ConfigError(field, None, f"no scheduler chosen: pass {field}='slurm' (or 'local'), "
                                        f"or set {SCHEDULER_ENV}=slurm (or local) in the environment")
-    return value
+    return SchedulerKind(value)

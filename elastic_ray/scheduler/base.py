@@ -165,7 +165,7 @@ class Scheduler(ABC):
     allocations costs the controller what a run with one costs.
     """
 
-    #: "slurm" or "local"
+    #: "slurm" or "local" (a ``config.scheduler_choice.SchedulerKind`` in the two backends)
     kind: str = ""
     #: The user whose jobs :meth:`query` lists and the cancels act on when a
     #: caller names none. Another user's job of the same name is never ours.

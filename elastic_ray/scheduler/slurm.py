@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..config.scheduler_choice import SchedulerKind
 from ..config.slurm_values import check_job_id, check_job_name
 from ..errors import SchedulerError
 from .base import JobInfo, JobSpec, Scheduler, current_user
@@ -65,7 +66,7 @@ class SlurmScheduler(Scheduler):
     process's user, who is also the one sbatch submits as).
     """
 
-    kind = "slurm"
+    kind = SchedulerKind.SLURM
 
     #: Lookups of purged ids through ``scontrol`` per query; the rest go
     #: straight to sacct. A caller that keeps passing hundreds of ended ids

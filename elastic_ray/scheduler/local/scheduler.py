@@ -47,6 +47,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ...errors import CorruptFileError, SchedulerError
+from ...config.scheduler_choice import SchedulerKind
 from ...config.slurm_values import parse_signal
 from . import procs
 from ..base import JobInfo, JobSpec, JobState, Scheduler, current_user
@@ -96,7 +97,7 @@ class LocalScheduler(Scheduler):
     session asks about all its jobs in one call.
     """
 
-    kind = "local"
+    kind = SchedulerKind.LOCAL
 
     def __init__(self, state_dir: str | os.PathLike[str], cluster: LocalCluster | None = None, *,
                  user: str | None = None):
