@@ -13,6 +13,7 @@ the head; the driver is a real process.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +24,7 @@ from elastic_ray.coordinator.head.headwatch import HeadObservation
 from elastic_ray.errors import SlurmAllocationEnded, SlurmStepDrained
 from elastic_ray.protocol.disk.records import AllocationRecord
 from elastic_ray.scheduler.base import JobInfo, JobState
+from tests.helpers import node_state
 
 # Notes SIGTERM in a file, then takes a moment to exit, as a Ray driver does.
 SLOW_TO_STOP = """
@@ -71,6 +73,9 @@ class FakeSession:
         job = self.head_pointer()
         return HeadObservation(job=job, address="127.0.0.1:1", alive=True, draining=self.draining and job == "1" and self.ready.exists(),
                                last_beat_age=0.1)
+
+    def node_states(self, job_id: str) -> dict:
+        return {}
 
 
 def start(session: FakeSession) -> PayloadRun:
@@ -147,3 +152,43 @@ def test_a_running_driver_watches_the_shared_answer_and_its_exit_is_judged_on_a_
     assert type(ended.value) is SlurmAllocationEnded and ended.value.allocation_state == "CANCELLED"
     assert session.ages[0] == 10.0, "while it runs, an answer up to 10 s old will do"
     assert session.ages[-1] == 0.0, "its exit is judged on a fresh answer"
+
+
+class SignalledSession(FakeSession):
+    """Head "1" has ``signal_before_timeout=TERM@50`` and is 60 s from its
+    walltime: Slurm's warning reaches the driver (a step of the head's job)
+    and the head's agent at once. The agent wrote DRAINING in its node file;
+    the heartbeat that says so has not come (late, or lost)."""
+
+    def __init__(self, tmp_path: Path, *, node_file_draining: bool):
+        super().__init__(tmp_path, draining=False)
+        self.info = SimpleNamespace(scheduler={"kind": "local"}, head={"signal_before_timeout": "TERM@50"})
+        self.node_file_draining = node_file_draining
+
+    def job_info(self, job_id: str, unreachable_ok: bool = False, max_age: float = 0.0) -> JobInfo:
+        return JobInfo(job_id=job_id, name=self.job_name, state=JobState.RUNNING, end_time=time.time() + 60)
+
+    def node_states(self, job_id: str) -> dict:
+        state = "DRAINING" if self.node_file_draining and job_id == "1" else "JOINED"
+        return {"cpu-1": node_state(job_id, "cpu-1", state, role="head")}
+
+
+# What a checkpointing payload does on Slurm's warning: it stops cleanly, exit 0.
+STOPS_ON_TERM = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\ntime.sleep(0.3)\n"
+
+
+@pytest.mark.parametrize("node_file_draining, drained", [(True, True), (False, False)])
+def test_a_driver_that_stops_on_the_slurm_warning_is_a_drain_when_the_head_s_node_file_says_so(
+        tmp_path, node_file_draining, drained):
+    session = SignalledSession(tmp_path, node_file_draining=node_file_draining)
+    run = PayloadRun(session, SimpleNamespace(job_id="1", address="127.0.0.1:1"),
+                     [sys.executable, "-c", STOPS_ON_TERM])
+    t0 = time.monotonic()
+    if drained:
+        with pytest.raises(SlurmStepDrained):
+            run.wait(timeout=30)
+        assert time.monotonic() - t0 < 3.0, "the node file answers at the first look"
+    else:
+        # Neither the heartbeat nor the node file says it drains: after the
+        # wait for drain news, the exit is the payload's own.
+        assert run.wait(timeout=30).returncode == 0

@@ -41,6 +41,7 @@ from ..config.slurm_values import parse_signal
 from ..errors import PayloadFailed as PayloadFailed
 from ..errors import SlurmAllocationEnded, SlurmStepDrained
 from ..polling import wait_for
+from ..protocol.disk.records import AgentState
 from ..ray_auth import apply_auth_env
 from ..scheduler.base import JobState
 from .allocations.pacing import watch_max_age
@@ -56,6 +57,7 @@ SIGNAL_EARLY = 35.0
 # A driver that ended inside that window: how long to listen for the head's
 # heartbeat to say it drains (its agent asks the scheduler why it got the signal).
 DRAIN_NEWS_WAIT = 5.0
+DRAIN_NEWS_STEP = 0.5   # between two looks at the heartbeat and the node file
 
 
 @dataclass(frozen=True)
@@ -140,10 +142,22 @@ class PayloadRun:
             return False  # the allocation is ending: not a hand-over
         if not in_signal_window(self._signal, info.end_time, time.time()):
             return False
-        obs = self.session.observe_head(wait=DRAIN_NEWS_WAIT)
         # Draining, or already handed over (an election can be quicker than
-        # our look): either way the head moves because of its signal.
-        return obs.job != self.head.job_id or obs.draining
+        # our look): either way the head moves because of its signal. The
+        # head agent's node file says DRAINING before it answers anything, so
+        # it is read too: the heartbeat that says so can come up to a beat
+        # later, and one that is lost or late must not turn a drain into a
+        # payload that seems to have finished.
+        deadline = time.monotonic() + DRAIN_NEWS_WAIT
+        while True:
+            obs = self.session.observe_head(wait=DRAIN_NEWS_STEP)
+            if obs.job != self.head.job_id or obs.draining:
+                return True
+            states = self.session.node_states(self.head.job_id).values()
+            if any(state.state is AgentState.DRAINING for state in states):
+                return True
+            if time.monotonic() >= deadline:
+                return False
 
     def stop(self) -> None:
         """Stop the driver now (SIGTERM to its process group, SIGKILL after a grace)."""

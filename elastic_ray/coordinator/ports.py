@@ -90,6 +90,8 @@ class DriverSession(HeadSource, Protocol):
 
     def record(self) -> AllocationRecord: ...
 
+    def node_states(self, job_id: str) -> dict[str, NodeState]: ...
+
 
 __all__ = ["AgentAsker", "DriverSession", "HeadRef", "HeadSource", "JobRef", "SupervisedSession"]
 
