@@ -172,9 +172,11 @@ class SlurmAllocationEnded(ElasticRayError):
     list, from a newer Slurm, stays the plain string rather than fail here)."""
 
     def __init__(self, message: str, *, allocation_state: str, job_id: str | None = None):
-        known = allocation_state in AllocationState._value2member_map_
-        self.allocation_state: AllocationState | str = (AllocationState(allocation_state) if known
-                                                         else allocation_state)
+        self.allocation_state: AllocationState | str = allocation_state
+        try:
+            self.allocation_state = AllocationState(allocation_state)
+        except ValueError:
+            pass   # a name outside the list (a newer Slurm's) stays the plain string
         self.job_id = job_id
         super().__init__(message)
 
