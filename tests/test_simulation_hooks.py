@@ -82,6 +82,16 @@ def test_an_explicit_probe_prefix_still_wins_over_the_hook(monkeypatch):
     assert answer["ok"] is True
 
 
+def _signal_state(pid: int) -> dict[str, str]:
+    """The state and signal lines of ``/proc/<pid>/status`` (empty once it is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    keys = ("State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines) if k in keys}
+
+
 @pytest.mark.timeout(60)
 def test_the_ray_stand_in_joins_and_stops_as_the_agent_sees_ray(tmp_path):
     """The agent's own join check and stop accept the stand-in `ray start`."""
@@ -97,9 +107,16 @@ def test_the_ray_stand_in_joins_and_stops_as_the_agent_sees_ray(tmp_path):
                                   cancelled=lambda: False, log=lambda *a, **k: None)
         assert joined is not None and joined.how == "raylet registered" and len(joined.node_id) == 56
         assert node.startup_finished()
-        assert node.raylet_pid() is not None
+        raylet = node.raylet_pid()
+        assert raylet is not None
+        signals = _signal_state(raylet)
     finally:
-        report = node.stop(grace=5.0)
+        # A wide grace: this checks that SIGTERM alone ends the stand-in, not
+        # how fast it ends on a loaded machine (one CI run in about ten saw
+        # the raylet outlive its 2.5 s share and get SIGKILLed).
+        report = node.stop(grace=10.0)
         request_cleanup()
-    assert node.members() == [] and report.killed == ()
+    # What /proc said of the raylet's signals just before the stop: the message
+    # tells a blocked or ignored SIGTERM from a slow machine.
+    assert node.members() == [] and report.killed == (), (report, signals)
     assert os.path.exists(tmp_path / "ray.log")
