@@ -133,7 +133,7 @@ PURE_MODULES: tuple[str, ...] = (
     "agent/slurm/slurmd_rules.py", "agent/slurm/walltime.py",
     "agent/node/health_check.py", "agent/node/ray_args.py",
     "coordinator/head/election.py", "coordinator/allocations/ownership.py",
-    "protocol/disk/recovery.py", "protocol/disk/paths.py", "protocol/wire/head_status.py",
+    "protocol/disk/recovery.py", "protocol/disk/paths.py", "protocol/disk/events.py", "protocol/wire/head_status.py",
     "config/allocation.py", "config/queue.py", "config/slurm_values.py",
     "scheduler/states.py", "scheduler/slurm_parse.py",
     "cli/options.py", "cli/render_plan.py", "cli/status_model.py", "cli/status_view.py",

@@ -43,6 +43,8 @@ S = PurePosixPath("/shared/s")
 # the session directory; "../" for the two beside it). Literal on purpose.
 GOLDEN = [
     (paths.session_file, (), "session.json"),
+    (paths.events_file, (), "events.jsonl"),
+    (paths.events_rotated_file, (), "events.1.jsonl"),
     (paths.allocation_file, (), "allocation.json"),
     (paths.backup_file, (), "allocation.json.bak"),
     (paths.generation_dir, (), "allocation.gen"),

@@ -63,6 +63,14 @@ holds this text, and the table in docs/architecture.md, to it)::
                                     written by: the first process that starts Ray or a driver
                                     (`SessionDir.ensure_ray_token`: agents, coordinator)
                                     read by: Ray nodes and drivers, through `RAY_AUTH_TOKEN_PATH`
+      events.jsonl, events.1.jsonl  the run's history, one Event a line (versioned on its own, 1): submitted,
+                                    pending, started, joined, left, drained, removed, failed, elections, head moves,
+                                    standbys; the current file is moved to the `.1` name when it passes its size
+                                    bound, so the two hold the newest events
+                                    written by: every process of the run, by one locked append a line
+                                    (`protocol/disk/event_log`)
+                                    read by: CLI (`session events`, `session timeline`, `session usage`), Dagster
+                                    (run metadata)
       jobs/<job>/head.json          a ready head's endpoint (HeadEndpoint): GCS address, heartbeat and control
                                     ports, Ray version
                                     written by: the agent that serves the head (`agent/head/publishing`: a head
@@ -193,6 +201,8 @@ PIPES_DIR = "pipes"
 LOCAL_SCHEDULER_DIR = "local-scheduler"
 DEMO_COMMITS = "commits.txt"
 DEMO_PAYLOAD_LOG = "payload.log"
+EVENTS_FILE = "events.jsonl"
+EVENTS_ROTATED = "events.1.jsonl"
 #: The folders ``SessionDir.create`` makes (0700); the others appear with their first file.
 CREATED_DIRS = (JOBS_DIR, LOGS_DIR)
 #: The roles whose job output lands in ``logs/<role>-<job>.out``.
@@ -482,6 +492,15 @@ def ended_marker(session: P) -> P:
     return session.parent / f"{session.name}.ended"
 
 
+# ---------------------------------------------------------------- the event log
+def events_file(session: P) -> P:
+    return session / EVENTS_FILE
+
+
+def events_rotated_file(session: P) -> P:
+    return session / EVENTS_ROTATED
+
+
 # ---------------------------------------------------------------- the description
 @dataclass(frozen=True)
 class Entry:
@@ -576,6 +595,12 @@ ENTRIES: tuple[Entry, ...] = (
           "Ray's auth token, derived from the secret (0600; see `ray_auth`)",
           "the first process that starts Ray or a driver (`SessionDir.ensure_ray_token`: agents, coordinator)",
           "Ray nodes and drivers, through `RAY_AUTH_TOKEN_PATH`"),
+    Entry((EVENTS_FILE, EVENTS_ROTATED),
+          "the run's history, one Event a line (versioned on its own, 1): submitted, pending, started, joined, "
+          "left, drained, removed, failed, elections, head moves, standbys; the current file is moved to the "
+          "`.1` name when it passes its size bound, so the two hold the newest events",
+          "every process of the run, by one locked append a line (`protocol/disk/event_log`)",
+          "CLI (`session events`, `session timeline`, `session usage`), Dagster (run metadata)"),
     Entry((f"{JOBS_DIR}/<job>/{HEAD_ENDPOINT_FILE}",),
           "a ready head's endpoint (HeadEndpoint): GCS address, heartbeat and control ports, Ray version",
           f"the agent that serves the head ({_PUBLISHING}: a head allocation's first node, or the hosting first "
@@ -713,7 +738,7 @@ __all__ = [
     "SECRET_FILE", "RAY_TOKEN_FILE", "JOBS_DIR", "HEAD_ENDPOINT_FILE", "NODES_DIR", "SPECS_DIR", "ANSWER_FILE",
     "ANSWER_LOCK", "LOGS_DIR", "DETACHED_LOG", "REMOTE_DIR", "SUPERVISOR_LOCK", "SUPERVISOR_PID", "STOP_MARKER",
     "LAST_CALL", "PAYLOADS_DIR", "PIPES_DIR", "LOCAL_SCHEDULER_DIR", "DEMO_COMMITS", "DEMO_PAYLOAD_LOG",
-    "CREATED_DIRS", "JOB_ROLES", "GENERATION_TMP_PREFIX", "TMP_SUFFIX", "FS_CHECK_PREFIX", "FS_CHECK_LINK_SUFFIX",
+    "EVENTS_FILE", "EVENTS_ROTATED", "CREATED_DIRS", "JOB_ROLES", "GENERATION_TMP_PREFIX", "TMP_SUFFIX", "FS_CHECK_PREFIX", "FS_CHECK_LINK_SUFFIX",
     "session_file", "allocation_file", "backup_file", "generation_dir", "generation_name", "generation_of",
     "generation_file", "allocation_lock_file", "generation_aside_stem", "corrupt_copy", "ray_head_file",
     "secret_file", "ray_token_file", "jobs_dir", "job_dir", "job_of_dir", "head_endpoint_file", "nodes_dir",
@@ -723,5 +748,5 @@ __all__ = [
     "ray_log_name", "ray_log", "parse_ray_log_name", "detached_log", "remote_dir", "supervisor_lock_file",
     "supervisor_pid_file", "stop_marker", "last_call_file", "payloads_dir", "payload_file", "pipes_dir",
     "pipes_file", "local_scheduler_dir", "demo_commits_file", "demo_payload_log", "creation_lock_file",
-    "ended_marker", "Entry", "ENTRIES", "describe", "render_text", "render_markdown"
+    "ended_marker", "events_file", "events_rotated_file", "Entry", "ENTRIES", "describe", "render_text", "render_markdown"
 ]
