@@ -14,7 +14,33 @@ The format, version 1, one JSON object a line::
      "details": {"ray_node_id": "…"}}
 
 ``job``, ``node`` and ``reason`` may be absent; ``details`` holds flat
-scalar fields only (str, int, float, bool, None). Readers skip a line they
+scalar fields only (str, int, float, bool, None). What each kind carries
+(readers must accept a missing detail: older writers lack newer ones):
+
+=================  ====  =====  ==========================  ====================================================
+kind               job   node   reason                      details
+=================  ====  =====  ==========================  ====================================================
+session_created    -     -      -                           session_id, name, scheduler, layout
+submitted          yes   -      -                           role (head/worker), spec_id, partition, nodes,
+                                                            gpus_per_node, cpus_per_node, host_head, replaces
+pending            yes   -      the scheduler's reason      -
+started            yes   yes    -                           role, pid
+node_joined        yes   yes    how the join was seen       ray_node_id, head_job, hosted (a hosted head's node)
+node_left          yes   yes    why the agent ended         state (LEFT/RELEASED/FAILED), exit_code
+drain_requested    yes   (yes)  signal, request or deadline -
+drain_finished     yes   yes    -                           -
+removed            yes   -      how it ended                state (a JobState)
+failed             yes   -      how it ended unasked        state, resubmit (bool)
+resubmitted        yes   -      -                           replaces (the failed job)
+election_started   -     -      why                         previous (the lost head's job)
+election_won       yes   -      -                           previous
+head_moved         yes   -      -                           previous
+standby_placed     yes   -      -                           -
+standby_promoted   yes   -      -                           previous
+payload_started    -     -      -                           name, run_id
+payload_finished   -     -      -                           name, run_id, ok
+session_ended      -     -      -                           -
+=================  ====  =====  ==========================  ==================================================== Readers skip a line they
 cannot decode (a torn last line, a damaged one) and count it, and skip a
 line of a newer version or of a kind they do not know: an older reader of a
 newer run's log still shows everything it understands.
