@@ -27,6 +27,8 @@ from elastic_ray.agent.node import gcs
 from elastic_ray.agent.node.private_dirs import user_temp_root
 from elastic_ray.coordinator.session import Session
 from elastic_ray.config.launcher import RayLauncher
+from elastic_ray.protocol.disk import event_log
+from elastic_ray.protocol.disk.events import EventKind, EventSource
 from elastic_ray.protocol.wire.channel import ControlClient
 from elastic_ray.protocol.wire import curve
 from elastic_ray.protocol.wire.frames import REQUEST_KINDS, seal, sign
@@ -102,6 +104,38 @@ def test_cpu_head_and_a_gpu_worker_allocation(session_factory):
     assert nodes["gpua-1"] in {n["NodeID"] for n in seen["nodes"]}
     state = session.remove_worker_allocation(worker, drain_timeout=30)
     assert state == "COMPLETED"
+    _check_the_events_of_a_worker_added_and_removed(session, worker.job_id, "gpua-1", nodes["gpua-1"])
+
+
+def _check_the_events_of_a_worker_added_and_removed(session: Session, job: str, node: str, ray_node_id: str) -> None:
+    """The run's history, as the coordinator and both agents wrote it, in the order it happened."""
+    reading = event_log.read(session.dir.path)
+    assert reading.skipped == {}
+    seen = [(e.kind, e.by, e.job, e.node) for e in reading.events]
+    head = session.record().head_job
+    C, A = EventSource.COORDINATOR, EventSource.AGENT
+    K = EventKind
+    assert seen[0] == (K.SESSION_CREATED, C, None, None)
+    story = [(K.SUBMITTED, C, head, None), (K.STARTED, A, head, None), (K.SUBMITTED, C, job, None),
+             (K.STARTED, A, job, node), (K.NODE_JOINED, A, job, node), (K.DRAIN_REQUESTED, C, job, None),
+             (K.DRAIN_REQUESTED, A, job, node), (K.DRAIN_FINISHED, A, job, node), (K.NODE_LEFT, A, job, node),
+             (K.REMOVED, C, job, None)]
+    at = []
+    for kind, by, j, n in story:
+        found = [i for i, (k, b, jj, nn) in enumerate(seen) if (k, b, jj) == (kind, by, j) and (n is None or nn == n)]
+        assert found, f"no {kind.value} by {by.value} for job {j} in {seen}"
+        at.append(found[0])
+    assert at == sorted(at), [story[i][0].value for i in sorted(range(len(at)), key=at.__getitem__)]
+    by_kind = {(e.kind, e.job): e for e in reading.events}
+    submitted = by_kind[(K.SUBMITTED, job)].details
+    assert (submitted["role"], submitted["partition"], submitted["nodes"], submitted["gpus_per_node"]) == (
+        "worker", "gpu-a", 1, 2)
+    assert by_kind[(K.SUBMITTED, head)].details["role"] == "head"
+    joined = by_kind[(K.NODE_JOINED, job)]
+    assert joined.details["ray_node_id"] == ray_node_id and joined.details["head_job"] == head
+    assert by_kind[(K.NODE_LEFT, job)].details["state"] == "LEFT"
+    assert by_kind[(K.REMOVED, job)].details["state"] == "COMPLETED"
+    assert all(e.at <= time.time() for e in reading.events)
 
 
 # ---------------------------------------------------------------- one run shared by the tests below

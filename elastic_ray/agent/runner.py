@@ -61,6 +61,7 @@ from . import requests, wakeups
 from .head.following import HeadFollower
 from .head.hosted import HostSettings
 from .head.hosted_head import HostedHead
+from .history import AgentHistory
 from .limits import raise_nofile_limit
 from .node.local_ray import LocalRay, NodePlace, RayHandle
 from .head.node_gone import GoneReporter, MarkDeadService
@@ -125,6 +126,7 @@ class Agent:
         self._next_raylet_check = 0.0
         self._status_soon = threading.Event()
         self._node_file = NodeFile(self.session, self._log)   # at state changes and every REFRESH_SECONDS
+        self.history = AgentHistory(str(self.session.path), self.o.job_id, self.o.node, self.o.role)
         self.walltime = WalltimeWatch(self.info.scheduler, self.info.job_name, options.job_id,
                                       options.head_drain_lead, self._log, self._post_call)
         self.slurmd = SlurmdWatch.for_agent(self.info, options, self._log, self._post_call, self._feed)
@@ -197,6 +199,7 @@ class Agent:
         worker.start()
         self.ctx, actions = initial(self.settings, time.time(), self.o.job_id)
         self._log("agent_started", control=self.control.endpoint, pid=os.getpid(), nofile=raise_nofile_limit())
+        self.history.started(os.getpid())
         self.slurmd.start()
         self.local.remove_stale_temp_dirs()
         self._publish_status(force_session=True)
@@ -282,6 +285,8 @@ class Agent:
             self.transitions.append({"at": round(self.ctx.since, 3), "from": before.state.value,
                                      "to": self.ctx.state.value, "reason": self.ctx.reason})
             self._log("state_changed", previous=before.state.value, reason=self.ctx.reason)
+            self.history.transition(before.state, self.ctx.state, self.ctx.reason, head_job=self.ctx.head_job,
+                                    ray_node_id=self.ctx.node_id)
         # Act first: a StopRay detaches the node at once, so what is published
         # for the new state no longer names the Ray processes being stopped.
         self._act(actions)
@@ -501,6 +506,7 @@ class Agent:
         self.local.sweep()
         self.gone.wait()
         self._log("agent_exit", code=self._exit_code)
+        self.history.exited(self.ctx.state, self.ctx.reason, self._exit_code)
         self._publish_status(force_session=True)
         self.follower.subscribe(None)
         self.control.close()

@@ -39,6 +39,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import ConfigError, ElasticRayError
+from ...protocol.disk import event_log
+from ...protocol.disk.events import EventKind, EventSource
 from ...protocol.disk.records import AllocationEnding, AllocationRecord, WorkerIntent, WorkerRecord
 from ...protocol.disk.session_dir import SessionDir
 from ...scheduler.base import JobInfo, JobState
@@ -231,6 +233,10 @@ class FailureWatch:
             log.warning("event=worker_allocation_ended session=%s job=%s state=%s reason=%r nodes=%s "
                         "resubmit_left=%d", self.job_name, job_id, ended.state, ended.reason,
                         ",".join(ended.nodes) or "-", rec.workers[job_id].resubmit_on_failure)
+            event_log.emit(self.dir.path, EventKind.FAILED, EventSource.COORDINATOR, job=job_id,
+                           reason=ended.reason or str(ended.state), state=str(ended.state),
+                           nodes=",".join(ended.nodes) or None,
+                           resubmit=rec.workers[job_id].resubmit_on_failure > 0)
         return rec
 
     def _resubmit_due(self) -> AllocationRecord | None:
@@ -255,6 +261,8 @@ class FailureWatch:
                 log.warning("event=worker_allocation_resubmitted session=%s job=%s replaces=%s state=%s "
                             "resubmit_left=%d", self.job_name, new, old.job_id, old.ended.state,
                             old.resubmit_on_failure - 1)
+                event_log.emit(self.dir.path, EventKind.RESUBMITTED, EventSource.COORDINATOR, job=new,
+                               replaces=old.job_id)
         return self.dir.read_allocation()
 
     def _tell(self, rec: AllocationRecord) -> None:

@@ -25,7 +25,8 @@ from typing import Any
 
 from ...errors import ConfigError, SchedulerError, SessionDirError, TeardownIncomplete
 from ...protocol.disk.records import AllocationRecord, SessionInfo, SubmissionIntent, WorkerIntent
-from ...protocol.disk import allocation_repair
+from ...protocol.disk import allocation_repair, event_log
+from ...protocol.disk.events import EventKind, EventSource
 from ...protocol.disk.session_dir import SessionDir
 from ...scheduler.base import JobInfo, JobSpec, Scheduler, current_user
 from .. import detached
@@ -186,6 +187,11 @@ class SessionJobs:
             self.dir.update_allocation(lambda r: r.without_intents({marker}))
             raise
         self.dir.update_allocation(lambda r: record_as(r.without_intents({marker}), job_id))
+        shape = spec.allocation
+        event_log.emit(self.dir.path, EventKind.SUBMITTED, EventSource.COORDINATOR, job=job_id, role=str(spec.role),
+                       spec_id=None if spec_path is None else spec_path.stem, partition=shape.partition,
+                       nodes=shape.num_nodes, gpus_per_node=shape.gpus_per_node,
+                       cpus_per_task=shape.cpus_per_task)
         return job_id
 
     def _recover(self, marker: str, error: SchedulerError) -> str:
@@ -249,6 +255,8 @@ class SessionJobs:
         cancelled = self._cancel(targets, errors)
         log.info("event=teardown session=%s cancelled=%s problems=%d", self.info.job_name,
                  ",".join(cancelled) or "-", len(errors))
+        event_log.emit(self.dir.path, EventKind.SESSION_ENDED, EventSource.COORDINATOR, reason="teardown",
+                       cancelled=",".join(cancelled) or None, problems=len(errors))
         if errors:
             for error in errors:
                 log.warning("event=teardown_problem session=%s error=%s", self.info.job_name, error)

@@ -20,6 +20,8 @@ from typing import Protocol
 
 from ...config import SlurmWorkerAllocationConfig
 from ...polling import wait_for
+from ...protocol.disk import event_log
+from ...protocol.disk.events import EventKind, EventSource
 from ...protocol.disk.records import AllocationRecord, NodeState, WorkerIntent
 from ...protocol.disk.session_dir import SessionDir
 from ...scheduler.base import JobInfo, JobState, Scheduler
@@ -87,7 +89,11 @@ def remove_worker_allocation(session: RemovingSession, job_id: str, drain_timeou
         # (the intent first, or a poll in between takes the CANCELLED for a failure)
         session.dir.update_allocation(lambda r: r.with_worker(replace(r.workers[job_id], state=WorkerIntent.REMOVED)))
         session.scheduler.cancel(job_id)
+        event_log.emit(session.dir.path, EventKind.REMOVED, EventSource.COORDINATOR, job=job_id,
+                       reason="cancelled while pending", state=JobState.CANCELLED.value)
     elif state.is_active:
+        event_log.emit(session.dir.path, EventKind.DRAIN_REQUESTED, EventSource.COORDINATOR, job=job_id,
+                       reason="remove_worker_allocation", drain_timeout=drain_timeout)
         told = session.drain_job(job_id, drain_timeout, "remove_worker_allocation")
         if told == 0:
             # No agent answered (none started yet, or all hung): Slurm ends it.
@@ -111,7 +117,12 @@ def remove_worker_allocation(session: RemovingSession, job_id: str, drain_timeou
     final = wait_for(final_state, timeout=drain_timeout + END_GRACE, interval=POLL_INTERVAL, raising=False)
     if final is None:
         session.scheduler.cancel(job_id)
+        event_log.emit(session.dir.path, EventKind.REMOVED, EventSource.COORDINATOR, job=job_id,
+                       reason="did not end after its drain: cancelled", state=JobState.CANCELLED.value)
         raise TimeoutError(f"worker allocation {job_id} did not end after its drain; cancelled it")
+    if state is not JobState.PENDING:
+        event_log.emit(session.dir.path, EventKind.REMOVED, EventSource.COORDINATOR, job=job_id,
+                       reason="drained and ended", state=final.value)
     return final
 
 

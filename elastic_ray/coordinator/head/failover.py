@@ -32,6 +32,8 @@ from dataclasses import replace
 
 from ...polling import wait_for
 from ...protocol.wire.channel import ControlError
+from ...protocol.disk import event_log
+from ...protocol.disk.events import EventKind, EventSource
 from ...protocol.disk.records import AllocationRecord, HostedHeadState, NodeState
 from ...scheduler.base import JobInfo
 from . import election, nudges
@@ -154,6 +156,8 @@ class Failover:
         choice = election.choose_head(rec, jobs, can_host_on_worker=s.launcher.can_host_elected_head,
                                       now=time.time())
         log.info("event=election session=%s choice=%s why=%r", s.job_name, choice.kind.value, choice.why)
+        event_log.emit(s.dir.path, EventKind.ELECTION_STARTED, EventSource.COORDINATOR, reason=choice.why,
+                       previous=rec.head_job, choice=choice.kind.value)
         if progress:
             progress(f"electing: {choice.why}")
         if isinstance(choice, election.HostOnWorker):
@@ -225,8 +229,12 @@ class Failover:
         states = s.node_states(job)
         first = first_node(states) or next((st for _, st in sorted(states.items()) if st.control and not st.exited),
                                            None)
+        standby = first is not None and first.hosted_head is not None \
+            and first.hosted_head.state is HostedHeadState.STANDBY
         if ask_agent(s, first, job, "host_head", {"head_job": job}) is None:
             return False
+        if standby:
+            event_log.emit(s.dir.path, EventKind.STANDBY_PROMOTED, EventSource.COORDINATOR, job=job)
 
         def outcome() -> bool | None:
             self.keep_claim()
@@ -245,10 +253,19 @@ class Failover:
     def switch_head(self, job: str, *, hosted_on_worker: bool) -> None:
         """Make ``job`` the head: record, pointer, then a nudge to every agent."""
         s = self.session
-        s.dir.update_allocation(lambda r: election.apply_new_head(r, job, hosted_on_worker=hosted_on_worker))
+        previous: list[str | None] = [None]
+
+        def change(r: AllocationRecord) -> AllocationRecord:
+            previous[0] = r.head_job
+            return election.apply_new_head(r, job, hosted_on_worker=hosted_on_worker)
+
+        s.dir.update_allocation(change)
         s.dir.write_ray_head(job)
         s.note_head_started(job)
         log.info("event=head_switched session=%s job=%s hosted_on_worker=%s", s.job_name, job, hosted_on_worker)
+        for kind in (EventKind.ELECTION_WON, EventKind.HEAD_MOVED):
+            event_log.emit(s.dir.path, kind, EventSource.COORDINATOR, job=job, previous=previous[0],
+                           hosted_on_worker=hosted_on_worker)
         self.switched_to = job
         self.nudge_agents(job)
 

@@ -32,6 +32,8 @@ from typing import Protocol
 
 from ...config.launcher import RayLauncher
 from ...protocol.wire.channel import ControlClient
+from ...protocol.disk import event_log
+from ...protocol.disk.events import EventKind, EventSource
 from ...protocol.disk.records import AgentState, AllocationRecord, HostedHeadState, NodeState, WorkerIntent
 from ...scheduler.base import JobInfo
 from . import election
@@ -185,6 +187,9 @@ class StandbyKeeper:
         if reply is not None:
             log.info("event=standby_request session=%s job=%s kind=%s hosted=%s", self.session.job_name, job, kind,
                      (reply.get("hosted_head") or {}).get("state"))
+            if kind == "standby_head":
+                event_log.emit(self.session.dir.path, EventKind.STANDBY_PLACED, EventSource.COORDINATOR, job=job,
+                               state=(reply.get("hosted_head") or {}).get("state"))
 
 
 def keeper(session: StandbySession, interval: float) -> StandbyKeeper | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths
-from .events import Event, Skipped, decode, encode
+from .events import Event, EventKind, EventSource, Scalar, Skipped, decode, encode
 
 log = logging.getLogger("elastic_ray.events")
 
@@ -51,11 +51,11 @@ def _lock(fd: int, wait: float) -> bool:
             time.sleep(0.005)
 
 
-def _open_current(path: Path) -> int:
+def _open_current(path: Path, lock_wait: float) -> int:
     """A locked (if it can be) descriptor of the file the path names now."""
     for _ in range(5):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        locked = _lock(fd, LOCK_WAIT)
+        locked = _lock(fd, lock_wait)
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
@@ -66,19 +66,20 @@ def _open_current(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
 
-def append(session: str | os.PathLike[str], event: Event, *, max_bytes: int = MAX_BYTES) -> bool:
+def append(session: str | os.PathLike[str], event: Event, *, max_bytes: int = MAX_BYTES,
+           lock_wait: float = LOCK_WAIT) -> bool:
     """Add ``event`` to the session's log; False (and one warning per process) if it could not be."""
     global _warned
     directory = Path(session)
     path = paths.events_file(directory)
     line = encode(event)
     try:
-        fd = _open_current(path)
+        fd = _open_current(path, lock_wait)
         try:
             if os.fstat(fd).st_size + len(line) > max_bytes:
                 os.replace(path, paths.events_rotated_file(directory))
                 os.close(fd)
-                fd = _open_current(path)
+                fd = _open_current(path, lock_wait)
             os.write(fd, line)
         finally:
             os.close(fd)         # closing drops the lock
@@ -170,3 +171,19 @@ def follow(session: str | os.PathLike[str], *, interval: float = 0.5,
             yield from new
             continue
         time.sleep(interval)
+
+
+def emit(session: str | os.PathLike[str] | None, kind: EventKind, by: EventSource, *, job: str | None = None,
+         node: str | None = None, reason: str | None = None, at: float | None = None,
+         lock_wait: float = LOCK_WAIT, **details: Scalar) -> bool:
+    """Record one event now: what every writer calls. Never raises (a bad field is logged, not thrown):
+    history must never cost the run a drain or an election."""
+    if session is None:
+        return False
+    try:
+        event = Event(at=time.time() if at is None else at, kind=kind, by=by,
+                      job=None if job is None else str(job), node=node, reason=reason, details=details)
+    except ValueError as exc:
+        log.warning("event=event_not_recorded kind=%s error=%r", kind, exc)
+        return False
+    return append(session, event, lock_wait=lock_wait)

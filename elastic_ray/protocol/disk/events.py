@@ -22,7 +22,7 @@ kind               job   node   reason                      details
 =================  ====  =====  ==========================  ====================================================
 session_created    -     -      -                           session_id, name, scheduler, layout
 submitted          yes   -      -                           role (head/worker), spec_id, partition, nodes,
-                                                            gpus_per_node, cpus_per_node, host_head, replaces
+                                                            gpus_per_node, cpus_per_task
 pending            yes   -      the scheduler's reason      -
 started            yes   yes    -                           role, pid
 node_joined        yes   yes    how the join was seen       ray_node_id, head_job, hosted (a hosted head's node)

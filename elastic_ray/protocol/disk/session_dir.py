@@ -38,7 +38,8 @@ import filelock
 from ...errors import CorruptFileError, SessionDirError, UnsafePathError
 from ...atomic import atomic_write_bytes, atomic_write_json, read_bytes_bounded, read_record
 from ...ray_auth import derive_ray_token, ray_auth_env
-from . import allocation_repair, paths
+from . import allocation_repair, event_log, paths
+from .events import EventKind, EventSource
 from .generations import GenerationFiles, check_filesystem
 from .recovery import RecoveryPlan
 from .records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, check_job_id, is_job_id
@@ -153,6 +154,9 @@ class SessionDir:
         atomic_write_json(session.allocation_file, AllocationRecord().to_dict())
         # session.json last: its presence means "the session is complete".
         atomic_write_json(session.session_file, info.to_dict(), mode=0o600)
+        event_log.emit(session.path, EventKind.SESSION_CREATED, EventSource.COORDINATOR, at=info.created_at,
+                       session_id=info.session_id, name=info.job_name, scheduler=str(info.scheduler.get("kind")),
+                       layout="separate head" if info.ray_head_only else "head on the first allocation")
         return session
 
     @classmethod
