@@ -44,3 +44,30 @@ def test_an_agent_writes_node_left_once_whether_its_state_or_its_exit_says_it(tm
     assert events[-1].details == {"state": "LEFT", "exit_code": None}
     other = AgentHistory(str(tmp_path / "x"), "8", "n2", "worker")   # no directory: nothing raised
     other.exited(S.JOINED, "killed", -9)
+
+
+# ---------------------------------------------------------------- the coordinator's pending events
+from elastic_ray.coordinator.allocations.jobs import pending_news  # noqa: E402
+from elastic_ray.scheduler.base import JobInfo, JobState  # noqa: E402
+
+
+def _job(job: str, state: JobState, reason: str = "") -> JobInfo:
+    return JobInfo(job_id=job, name="er-x", state=state, reason=reason)
+
+
+P, R = JobState.PENDING, JobState.RUNNING
+
+
+@pytest.mark.parametrize("previous, listed, seen, news, seen_after", [
+    ({}, {"1": _job("1", P, "Resources")}, {}, [("1", "Resources")], {"1": "Resources"}),
+    ({"1": _job("1", P, "Resources")}, {"1": _job("1", P, "Resources")}, {}, [], {"1": "Resources"}),
+    ({"1": _job("1", P, "Resources")}, {"1": _job("1", P, "Priority")}, {}, [("1", "Priority")], {"1": "Priority"}),
+    ({}, {"1": _job("1", P, "Priority")}, {"1": "Priority"}, [], {"1": "Priority"}),   # the stored answer was forgotten
+    ({}, {"1": _job("1", P)}, {}, [("1", "pending")], {"1": "pending"}),              # no reason given
+    ({"1": _job("1", P, "Resources")}, {"1": _job("1", R)}, {"1": "Resources"}, [], {}),
+    ({"1": _job("1", R)}, {"1": _job("1", P, "BeginTime")}, {}, [("1", "BeginTime")], {"1": "BeginTime"}),  # requeued
+    ({}, {"2": _job("2", P, "A"), "1": _job("1", P, "B")}, {}, [("1", "B"), ("2", "A")], {"1": "B", "2": "A"}),
+])
+def test_a_pending_reason_is_news_once(previous, listed, seen, news, seen_after):
+    assert pending_news(previous, listed, seen) == news
+    assert seen == seen_after

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -28,7 +28,7 @@ from ...protocol.disk.records import AllocationRecord, SessionInfo, SubmissionIn
 from ...protocol.disk import allocation_repair, event_log
 from ...protocol.disk.events import EventKind, EventSource
 from ...protocol.disk.session_dir import SessionDir
-from ...scheduler.base import JobInfo, JobSpec, Scheduler, current_user
+from ...scheduler.base import JobInfo, JobSpec, JobState, Scheduler, current_user
 from .. import detached
 from . import ownership
 from .answers import SchedulerAnswer, SharedAnswers, sharing_enabled
@@ -39,6 +39,27 @@ log = logging.getLogger("elastic_ray.coordinator")
 UNREACHABLE_LOG_EVERY = 30.0
 
 RecordAs = Callable[[AllocationRecord, str], AllocationRecord]
+
+
+def pending_news(previous: Mapping[str, JobInfo], listed: Mapping[str, JobInfo],
+                 seen: dict[str, str]) -> list[tuple[str, str]]:
+    """The pending jobs whose reason is news: ``(job, reason)`` for each job
+    pending now with a reason unlike the one it had in the session's last
+    stored answer (or, without one, the last this process saw). ``seen`` is
+    this process's memory and is updated. Pure but for ``seen``."""
+    news = []
+    for job, info in sorted(listed.items()):
+        if info.state is not JobState.PENDING:
+            seen.pop(job, None)
+            continue
+        reason = info.reason or "pending"
+        before = previous.get(job)
+        known = before.reason or "pending" if before is not None and before.state is JobState.PENDING \
+            else seen.get(job)
+        if known != reason:
+            news.append((job, reason))
+        seen[job] = reason
+    return news
 
 
 class SessionJobs:
@@ -57,6 +78,7 @@ class SessionJobs:
         self._unreachable_logged = -UNREACHABLE_LOG_EVERY
         # The session's last answer, shared with its other processes (.answers).
         self.shared = SharedAnswers(directory.path)
+        self._pending_seen: dict[str, str] = {}    # job -> the pending reason this process saw last (pending_news)
         #: the answer behind the last listing of this process (its age is shown by status)
         self.last_answer: SchedulerAnswer | None = None
 
@@ -105,6 +127,10 @@ class SessionJobs:
         answer = SchedulerAnswer(job_name=self.info.job_name, user=self.user, asked_at=asked_at, ids=ids,
                                  jobs=MappingProxyType(dict(listed)))
         self.last_answer = answer
+        previous = self.shared.read()
+        for job, reason in pending_news(previous.jobs if previous else {}, listed, self._pending_seen):
+            event_log.emit(self.dir.path, EventKind.PENDING, EventSource.COORDINATOR, job=job, reason=reason,
+                           at=asked_at)
         self.shared.write(answer)
         for observe in self.observers:
             try:

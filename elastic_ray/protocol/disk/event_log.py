@@ -127,7 +127,8 @@ def read(session: str | os.PathLike[str], *, since: float | None = None) -> Read
 
 
 def follow(session: str | os.PathLike[str], *, interval: float = 0.5,
-           stop: Callable[[], bool] = lambda: False, from_start: bool = True) -> Iterator[Event]:
+           stop: Callable[[], bool] = lambda: False, from_start: bool = True,
+           sleep: Callable[[float], None] = time.sleep) -> Iterator[Event]:
     """Yield events as they are appended, until ``stop()`` says so (checked every ``interval``).
 
     ``from_start``: first everything on disk, then what comes. A move aside
@@ -155,7 +156,7 @@ def follow(session: str | os.PathLike[str], *, interval: float = 0.5,
         try:
             stat = path.stat()
         except FileNotFoundError:
-            time.sleep(interval)
+            sleep(interval)
             continue
         if stat.st_ino != inode or stat.st_size < offset:
             inode, offset, pending = stat.st_ino, 0, b""
@@ -170,7 +171,7 @@ def follow(session: str | os.PathLike[str], *, interval: float = 0.5,
             _decode_lines(whole, new, {})
             yield from new
             continue
-        time.sleep(interval)
+        sleep(interval)
 
 
 def emit(session: str | os.PathLike[str] | None, kind: EventKind, by: EventSource, *, job: str | None = None,
