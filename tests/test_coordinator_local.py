@@ -14,6 +14,8 @@ import pytest
 from elastic_ray import SlurmAllocationEnded, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.coordinator.session import Session
 from elastic_ray.config.launcher import RayLauncher
+from elastic_ray.protocol.disk import event_log
+from elastic_ray.protocol.disk.events import EventKind
 from elastic_ray.protocol.disk.records import AgentState
 from tests.helpers import committed_units as committed, stays, wait_until
 
@@ -94,6 +96,21 @@ def test_failover_loop_commits_every_unit_exactly_once(session, tmp_path):
     assert result.returncode == 0
     units = committed(commits)
     assert sorted(units) == list(range(total)), "every unit committed exactly once"
+    # The run's history tells the same story. The first driver's end and the
+    # election race (the supervisor may elect before the driver is told), so
+    # each is checked in its own order, and both come before the second run.
+    events = event_log.read(session.dir.path).events
+    K = EventKind
+    payload = [(e.kind, e.job, e.reason) for e in events if e.kind in (K.PAYLOAD_STARTED, K.PAYLOAD_FINISHED)]
+    assert payload == [(K.PAYLOAD_STARTED, first_head, None), (K.PAYLOAD_FINISHED, first_head, "SlurmAllocationEnded"),
+                       (K.PAYLOAD_STARTED, head.job_id, None), (K.PAYLOAD_FINISHED, head.job_id, "ok")]
+    election = [e for e in events if e.kind in (K.ELECTION_STARTED, K.ELECTION_WON, K.HEAD_MOVED)]
+    assert [(e.kind, e.job) for e in election] == [(K.ELECTION_STARTED, None), (K.ELECTION_WON, head.job_id),
+                                                   (K.HEAD_MOVED, head.job_id)]
+    assert election[0].details["previous"] == first_head and election[2].details["previous"] == first_head
+    assert election[2].details["hosted_on_worker"] is True
+    second = next(i for i, e in enumerate(events) if e.kind is K.PAYLOAD_STARTED and e.job == head.job_id)
+    assert events.index(election[2]) < second
 
 
 def test_launch_against_a_replaced_head_raises_replaced(session):

@@ -12,6 +12,7 @@ the head; the driver is a real process.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,8 @@ import pytest
 from elastic_ray.coordinator.drivers import PayloadRun, drained_head_handed_over
 from elastic_ray.coordinator.head.headwatch import HeadObservation
 from elastic_ray.errors import SlurmAllocationEnded, SlurmStepDrained
+from elastic_ray.protocol.disk import event_log
+from elastic_ray.protocol.disk.events import EventKind
 from elastic_ray.protocol.disk.records import AllocationRecord
 from elastic_ray.scheduler.base import JobInfo, JobState
 from tests.helpers import node_state
@@ -93,6 +96,12 @@ def test_a_drained_driver_ends_as_step_drained_even_after_the_head_moved(tmp_pat
     assert drained.value.job_id == "1" and drained.value.allocation_state == "DRAINING"
     # One failover loop covers both: a drain is a kind of allocation end.
     assert isinstance(drained.value, SlurmAllocationEnded)
+    # The run's history has the payload's start and its end, with how it ended.
+    events = event_log.read(tmp_path).events
+    assert [(e.kind, e.job) for e in events] == [(EventKind.PAYLOAD_STARTED, "1"), (EventKind.PAYLOAD_FINISHED, "1")]
+    assert events[0].details["pid"] == run.proc.pid and events[0].details["name"] == os.path.basename(sys.executable)
+    assert events[1].reason == "SlurmStepDrained" and events[1].details["ok"] is False
+    assert 0 < events[1].details["seconds"] < 30
 
 
 def test_a_cancelled_head_that_looked_like_a_drain_is_a_lost_head(tmp_path):

@@ -41,6 +41,8 @@ from ..config.slurm_values import parse_signal
 from ..errors import PayloadFailed as PayloadFailed
 from ..errors import SlurmAllocationEnded, SlurmStepDrained
 from ..polling import wait_for
+from ..protocol.disk import event_log
+from ..protocol.disk.events import EventKind, EventSource
 from ..protocol.disk.records import AgentState
 from ..ray_auth import apply_auth_env
 from ..scheduler.base import JobState
@@ -125,6 +127,17 @@ class PayloadRun:
         self._drained = False
         self._signal = self._head_signal()
         log.info("event=driver_started session=%s head=%s pid=%s", session.job_name, head.job_id, self.proc.pid)
+        self._ended = False
+        event_log.emit(session.path, EventKind.PAYLOAD_STARTED, EventSource.COORDINATOR, job=head.job_id,
+                       name=os.path.basename(self.argv[0]) if self.argv else None, pid=self.proc.pid)
+
+    def _report_end(self, outcome: str, rc: int | None) -> None:
+        """``payload_finished`` once: ``outcome`` is ``ok`` or the error's type."""
+        if not self._ended:
+            self._ended = True
+            event_log.emit(self.session.path, EventKind.PAYLOAD_FINISHED, EventSource.COORDINATOR,
+                           job=self.head.job_id, reason=outcome, ok=outcome == "ok", exit_code=rc,
+                           seconds=round(time.time() - self.started, 3), pid=self.proc.pid)
 
     def _head_signal(self) -> str | None:
         """The ``signal_before_timeout`` of the allocation that hosts this driver's head."""
@@ -245,8 +258,14 @@ class PayloadRun:
                 raise PayloadFailed(rc, self.argv)
             return RunResult(rc, self.head.job_id, time.time() - self.started)
 
-        result = wait_for(finished, timeout=timeout, interval=CHECK_INTERVAL, raising=False)
+        try:
+            result = wait_for(finished, timeout=timeout, interval=CHECK_INTERVAL, raising=False)
+        except Exception as exc:
+            self._report_end(type(exc).__name__, self.proc.returncode)
+            raise
         if result is None:
             self.stop()
+            self._report_end("TimeoutError", self.proc.returncode)
             raise TimeoutError(f"driver still running after {timeout:.0f}s; stopped it")
+        self._report_end("ok", result.returncode)
         return result
