@@ -77,6 +77,8 @@ START_TIMEOUT = 120.0
 HEAD_DRAIN_LEAD = 300.0
 #: Seconds between two looks at the node's slurmd while it answers (0: off).
 SLURMD_CHECK_INTERVAL = 20.0
+#: How often an agent reads its node's GPU load from Ray's metrics (agent/node/ray_load).
+GPU_SAMPLE_INTERVAL = 60.0
 #: The head GCS's health check of its Ray nodes (docs/operations.md, "When a
 #: node is lost"): a check every period, each given the timeout, DEAD after
 #: the threshold of failures in a row, the first check after the initial delay.

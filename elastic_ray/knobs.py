@@ -247,6 +247,10 @@ POLL_INTERVAL = _knob(
 HEAD_LOST_AFTER = _knob(
     "ELASTIC_AGENT_HEAD_LOST_AFTER", "seconds", defaults.HEAD_LOST_AFTER,
     "heartbeat silence after which an agent takes its head for lost", ("agent/cli.py",), _number(0.2), minimum=0.2)
+GPU_SAMPLE_INTERVAL = _knob(
+    "ELASTIC_AGENT_GPU_SAMPLE_INTERVAL", "seconds", defaults.GPU_SAMPLE_INTERVAL,
+    "how often an agent on a node with GPUs reads their load from Ray's metrics (GPU-hours idle)",
+    ("agent/runner.py",), _number(1.0), minimum=1.0)
 BACKOFF_BASE = _knob(
     "ELASTIC_AGENT_BACKOFF_BASE", "seconds", defaults.BACKOFF_BASE,
     "the first delay before a Ray node that ended is started again (it doubles each time, "

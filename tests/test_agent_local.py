@@ -86,7 +86,19 @@ def session_factory(tmp_path, monkeypatch):
         wait_until(lambda: not temp.exists(), 30, 0.2, f"{temp} removed once the run's agents exited")
 
 
-def test_cpu_head_and_a_gpu_worker_allocation(session_factory):
+GPU_DRIVER = """
+import json, sys, time, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+@ray.remote(num_gpus=1)
+def hold():
+    time.sleep(15)
+    return 1
+print(json.dumps({"held": ray.get(hold.remote())}))
+"""
+
+
+def test_cpu_head_and_a_gpu_worker_allocation(session_factory, monkeypatch):
+    monkeypatch.setenv("ELASTIC_AGENT_GPU_SAMPLE_INTERVAL", "1")   # forwarded to the agents
     session = session_factory()
     address = session.wait_for_head(timeout=90)
     worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(
@@ -102,8 +114,21 @@ def test_cpu_head_and_a_gpu_worker_allocation(session_factory):
     head_nodes = [n for n in seen["nodes"] if not n["Resources"].get("CPU")]
     assert len(head_nodes) == 1 and "GPU" not in head_nodes[0]["Resources"]
     assert nodes["gpua-1"] in {n["NodeID"] for n in seen["nodes"]}
+    time.sleep(2)
+    assert driver(address, session, GPU_DRIVER)["held"] == 1     # one of the two GPUs, for 15 s
+    time.sleep(2)
     state = session.remove_worker_allocation(worker, drain_timeout=30)
     assert state == "COMPLETED"
+    # The agent measured its node's GPUs in Ray's terms: both held all along, one busy for the task's 15 s
+    # (as Ray's metrics page shows it: refreshed every 10 s, so the busy time seen may be off by that much).
+    left = next(e for e in event_log.read(session.dir.path).events
+                if e.kind is EventKind.NODE_LEFT and e.job == worker.job_id)
+    usage = session.node_states(worker.job_id)["gpua-1"].gpu_usage
+    assert usage is not None and usage.samples == left.details["gpu_samples"] >= 6
+    held, idle = left.details["gpu_held_seconds"], left.details["gpu_idle_seconds"]
+    measured = usage.last_at - usage.first_at
+    assert 0.8 * 2 * measured <= held <= 2 * measured + 0.01, (held, measured)
+    assert 5.0 <= held - idle <= 26.0, (held, idle)
     _check_the_events_of_a_worker_added_and_removed(session, worker.job_id, "gpua-1", nodes["gpua-1"])
 
 

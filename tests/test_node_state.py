@@ -15,6 +15,7 @@ import pytest
 
 from elastic_ray.agent.head.hosted import HostedState
 from elastic_ray.agent.machine import State
+from elastic_ray.protocol.disk.records import GpuUsage
 from elastic_ray.protocol.disk.records import (
     PROTOCOL_VERSION,
     AgentState,
@@ -50,6 +51,7 @@ def full() -> NodeState:
         ray_pid=4242, raylet_pid=4243, temp_dir="/tmp/er/abc/1", ray_address="10.0.0.2:6379",
         restarts=2, failures=1, next_retry_at=NOW + 8, gave_up_on="19", drain_deadline=NOW + 300,
         no_head_since=NOW - 60, pid_create_time=NOW - 100.5,
+        gpu_usage=GpuUsage(7200.0, 1800.0, 121, NOW - 3600, NOW - 5),
         requests=RequestCounts(accepted=7, rejected=2, rejected_by_reason={"bad_mac": 2}),
         hosted_head=HostedHead(HostedHeadState.READY, NOW - 30, address="10.0.0.2:6380"),
         history=("STARTING->JOINED: joined", "JOINED->DRAINING: drain request"),
@@ -69,7 +71,8 @@ def test_round_trip_through_json(state):
 
 def test_the_keys_on_disk_are_those_written_before_plus_the_version():
     data = full().to_dict()
-    assert set(data) == KEYS_BEFORE_THE_RECORD | {"protocol_version"}
+    # gpu_usage came later: optional on read (an older agent's file has none), always written.
+    assert set(data) == KEYS_BEFORE_THE_RECORD | {"protocol_version", "gpu_usage"}
     assert data["protocol_version"] == PROTOCOL_VERSION
     assert data["state"] == "DRAINING" and data["hosted_head"] == {
         "state": "READY", "address": "10.0.0.2:6380", "at": NOW - 30}
@@ -131,7 +134,7 @@ WRONG_TYPES = {
     "ray_pid": "12", "raylet_pid": 1.5, "exit_code": "0",
     # containers and flags
     "ports": [], "requests": [], "hosted_head": "READY", "history": "x", "transitions": {}, "exited": 1,
-    "protocol_version": "1",
+    "protocol_version": "1", "gpu_usage": "12 GPU-hours",
 }
 
 
@@ -233,3 +236,10 @@ def test_the_version_is_required_where_records_always_carried_it():
     with pytest.raises(ValueError, match="missing key 'protocol_version'"):
         check_protocol_version({})
     assert check_protocol_version({}, missing=1) == 1
+
+
+def test_a_file_of_an_agent_before_gpu_usage_still_reads():
+    data = full().to_dict()
+    del data["gpu_usage"]
+    assert NodeState.from_dict(data).gpu_usage is None
+    assert NodeState.from_dict(full().to_dict()).gpu_usage == GpuUsage(7200.0, 1800.0, 121, NOW - 3600, NOW - 5)

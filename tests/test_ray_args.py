@@ -62,14 +62,15 @@ def no_free_port() -> int:
 # ----------------------------------------------------------------- choose_ports
 
 RANDOM_HEAD_KEYS = {"gcs_port", "ray_client_server_port", "dashboard_port", "dashboard_agent_listen_port",
-                    "autoscaler_metric_port", "dashboard_metric_port", "min_worker_port", "max_worker_port",
-                    AGENT_CONTROL_PORT}
-RANDOM_WORKER_KEYS = {"dashboard_agent_listen_port", "min_worker_port", "max_worker_port", AGENT_CONTROL_PORT}
+                    "metrics_export_port", "autoscaler_metric_port", "dashboard_metric_port", "min_worker_port",
+                    "max_worker_port", AGENT_CONTROL_PORT}
+RANDOM_WORKER_KEYS = {"dashboard_agent_listen_port", "metrics_export_port", "min_worker_port", "max_worker_port",
+                      AGENT_CONTROL_PORT}
 
 
 @pytest.mark.parametrize("role,keys,picked", [
-    ("head", RANDOM_HEAD_KEYS, 6),
-    ("worker", RANDOM_WORKER_KEYS, 1),
+    ("head", RANDOM_HEAD_KEYS, 7),
+    ("worker", RANDOM_WORKER_KEYS, 2),
 ])
 def test_random_picks_only_what_ray_cannot(role, keys, picked):
     fake = FakeFreePort()
@@ -79,17 +80,18 @@ def test_random_picks_only_what_ray_cannot(role, keys, picked):
     # Ray picks these itself: left at 0 / unset.
     assert ports["min_worker_port"] == ports["max_worker_port"] == 0
     assert ports[AGENT_CONTROL_PORT] == 0
-    for key in ("node_manager_port", "object_manager_port", "metrics_export_port",
+    # (metrics_export_port is picked although Ray could: the agent reads its node's GPU load there)
+    for key in ("node_manager_port", "object_manager_port",
                 "dashboard_agent_grpc_port", "runtime_env_agent_port"):
         assert key not in ports
     assert all(1024 <= v <= 65535 for k, v in ports.items() if v)
 
 
 def test_random_never_gives_one_node_the_same_port_twice():
-    answers = iter([41000, 41000, 41001, 41000, 41001, 41002, 41003, 41003, 41004, 41005])
+    answers = iter([41000, 41000, 41001, 41000, 41001, 41002, 41003, 41003, 41004, 41005, 41006])
     ports = choose_ports("random", "1", "head", lambda: next(answers))
     picked = [v for v in ports.values() if v]
-    assert len(picked) == len(set(picked)) == 6
+    assert len(picked) == len(set(picked)) == 7
 
 
 def test_random_gives_up_on_a_broken_free_port():
@@ -106,7 +108,7 @@ def test_random_many_nodes_on_one_host_do_not_collide():
     nodes = [choose_ports("random", str(100 + i), role, fake)
              for i, role in enumerate(["head", "head"] + ["worker"] * 6)]
     used = [v for ports in nodes for k, v in ports.items() if v]
-    assert len(used) == len(set(used)) == 2 * 6 + 6
+    assert len(used) == len(set(used)) == 2 * 7 + 6 * 2
     # And the command lines carry those ports (nothing fixed slipped in).
     cmds = [_cmd(("head" if "gcs_port" in p else "worker"), ports=p) for p in nodes]
     seen = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..protocol.disk import event_log
 from ..protocol.disk.events import EventKind, EventSource
-from ..protocol.disk.records import AgentState
+from ..protocol.disk.records import AgentState, GpuUsage
 
 LOCK_WAIT = 0.2
 
@@ -55,20 +55,24 @@ class AgentHistory:
         self._emit(EventKind.STARTED, role=self.role, pid=pid)
 
     def transition(self, previous: AgentState, new: AgentState, reason: str, *, head_job: str | None,
-                   ray_node_id: str | None, hosted: bool = False) -> None:
+                   ray_node_id: str | None, hosted: bool = False, gpu_usage: GpuUsage | None = None) -> None:
         for kind in transition_kinds(previous, new):
             if kind is EventKind.NODE_JOINED:
                 self._emit(kind, reason, ray_node_id=ray_node_id, head_job=head_job, hosted=hosted)
             elif kind is EventKind.NODE_LEFT:
-                self._left_event(new, reason, None)
+                self._left_event(new, reason, None, gpu_usage)
             else:
                 self._emit(kind, reason)
 
-    def exited(self, state: AgentState, reason: str, exit_code: int | None) -> None:
+    def exited(self, state: AgentState, reason: str, exit_code: int | None,
+               gpu_usage: GpuUsage | None = None) -> None:
         """The agent's end: ``node_left`` unless a terminal state already said so."""
-        self._left_event(state, reason, exit_code)
+        self._left_event(state, reason, exit_code, gpu_usage)
 
-    def _left_event(self, state: AgentState, reason: str, exit_code: int | None) -> None:
+    def _left_event(self, state: AgentState, reason: str, exit_code: int | None, gpu_usage: GpuUsage | None) -> None:
         if not self._left:
             self._left = True
-            self._emit(EventKind.NODE_LEFT, reason, state=state.value, exit_code=exit_code)
+            measured = {} if gpu_usage is None else {
+                "gpu_held_seconds": round(gpu_usage.held_gpu_seconds, 3),
+                "gpu_idle_seconds": round(gpu_usage.idle_gpu_seconds, 3), "gpu_samples": gpu_usage.samples}
+            self._emit(EventKind.NODE_LEFT, reason, state=state.value, exit_code=exit_code, **measured)

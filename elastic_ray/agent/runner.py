@@ -1,36 +1,33 @@
 """The agent's event loop: the effect shell around :mod:`agent.machine`.
 
-One thread waits on everything that can happen (control socket, head
-heartbeat, signals and results of slow actions, through one wake-up pipe)
-with a timeout that is the time to the next timer, so an idle agent sleeps.
-A second thread carries out slow actions (start Ray and wait for it to join,
-drain through a GCS probe, stop Ray) in order, and posts their outcome back
-as events. Decisions stay in the machines (``agent.machine`` for the node,
-``agent.head.hosted`` for a hosted head and its hand-over, ``agent.head.head_watch``
-for the followed head); this module only observes and acts. Its helpers:
-``agent.head.following`` (the head pointer and heartbeat), ``agent.head.hosted_head``,
-``agent.requests`` (which machine answers which control request),
-``agent.node.local_ray`` (this agent's Ray processes) and ``agent.node.join``.
+One thread waits on everything that can happen (control socket, head heartbeat, signals and results of slow
+actions, through one wake-up pipe) with a timeout that is the time to the next timer, so an idle agent sleeps.
+A second thread carries out slow actions (start Ray and wait for it to join, drain through a GCS probe, stop
+Ray) in order, and posts their outcome back as events. Decisions stay in the machines (``agent.machine`` for
+the node, ``agent.head.hosted`` for a hosted head and its hand-over, ``agent.head.head_watch`` for the followed
+head); this module only observes and acts. Its helpers: ``agent.head.following`` (the head pointer and
+heartbeat), ``agent.head.hosted_head``, ``agent.requests`` (which machine answers which control request),
+``agent.node.local_ray`` (this agent's Ray processes), ``agent.node.join`` and ``agent.history`` (its events).
 
 Threads and what they share:
 
-- the event loop (the main thread) owns the machine's context ``ctx``,
-  ``transitions``, ``_signals`` (signal handlers run on it), ``_exit_code``,
-  the loop's deadlines (``wakeups.LoopClock``), the heartbeat socket (``agent.head.publishing``) and the
-  followed head's watch (``agent.head.following``); only the loop writes the status;
-- ``agent-effects`` runs the queued slow actions in order; it and the other helper
-  threads (``agent-signal``, ``agent-ask-head``, ``agent-head-probe``, ``agent-slurmd-job``)
-  hand their results to the loop through ``_events`` (machine events, or callables the
-  loop runs) instead of writing loop-owned state. The one flag a helper thread sets
-  is ``_status_soon`` (a ``threading.Event``: the hosted-head thread asks for a prompt status);
+- the event loop (the main thread) owns the machine's context ``ctx``, ``transitions``, ``_signals`` (signal
+  handlers run on it), ``_exit_code``, the loop's deadlines (``wakeups.LoopClock``), the heartbeat socket
+  (``agent.head.publishing``) and the followed head's watch (``agent.head.following``); only the loop writes
+  the status;
+- ``agent-effects`` runs the queued slow actions in order; it and the other helper threads (``agent-signal``,
+  ``agent-ask-head``, ``agent-head-probe``, ``agent-slurmd-job``) hand their results to the loop through
+  ``_events`` (machine events, or callables the loop runs) instead of writing loop-owned state. The one flag a
+  helper thread sets is ``_status_soon`` (a ``threading.Event``: the hosted-head thread asks for a prompt
+  status);
 - ``agent-prune`` (``agent.status``) deletes long-exited agents' status files and shares nothing;
-- the Ray nodes and their generation are guarded by ``LocalRay.lock``
-  (``agent.node.local_ray``); the hosted head's record by ``HostedHead._lock``
-  (``agent.head.hosted_head``).
+  ``agent-gpu-load`` (``agent.node.ray_load``, on nodes with GPUs) keeps its meter under its own lock and
+  only reads the current handle and state;
+- the Ray nodes and their generation are guarded by ``LocalRay.lock`` (``agent.node.local_ray``); the hosted
+  head's record by ``HostedHead._lock`` (``agent.head.hosted_head``).
 
-The agent never imports Ray: that alone would cost 75 MB of resident
-memory, more than an idle agent may use. GCS operations run in a
-short-lived probe process (``agent.node.gcs``).
+The agent never imports Ray: that alone would cost 75 MB of resident memory, more than an idle agent may use.
+GCS operations run in a short-lived probe process (``agent.node.gcs``).
 """
 
 from __future__ import annotations
@@ -48,7 +45,7 @@ from typing import Any, Callable
 import psutil
 import zmq
 
-from .. import defaults
+from .. import defaults, knobs
 from ..config.launcher import RayLauncher
 from ..errors import UnsafePathError
 from ..protocol.wire.channel import ControlServer
@@ -62,6 +59,7 @@ from .head.following import HeadFollower
 from .head.hosted import HostSettings
 from .head.hosted_head import HostedHead
 from .history import AgentHistory
+from .node.ray_load import GpuSampler
 from .limits import raise_nofile_limit
 from .node.local_ray import LocalRay, NodePlace, RayHandle
 from .head.node_gone import GoneReporter, MarkDeadService
@@ -127,6 +125,9 @@ class Agent:
         self._status_soon = threading.Event()
         self._node_file = NodeFile(self.session, self._log)   # at state changes and every REFRESH_SECONDS
         self.history = AgentHistory(str(self.session.path), self.o.job_id, self.o.node, self.o.role)
+        self.gpus = GpuSampler(lambda: (h.ports.get("metrics_export_port") if (h := self.ray) is not None and
+                                        self.ctx.state is AgentState.JOINED else None),
+                               interval=knobs.GPU_SAMPLE_INTERVAL.read(), host=place.node_ip)
         self.walltime = WalltimeWatch(self.info.scheduler, self.info.job_name, options.job_id,
                                       options.head_drain_lead, self._log, self._post_call)
         self.slurmd = SlurmdWatch.for_agent(self.info, options, self._log, self._post_call, self._feed)
@@ -200,6 +201,8 @@ class Agent:
         self.ctx, actions = initial(self.settings, time.time(), self.o.job_id)
         self._log("agent_started", control=self.control.endpoint, pid=os.getpid(), nofile=raise_nofile_limit())
         self.history.started(os.getpid())
+        if getattr(self.allocation, "gpus_per_node", None):
+            self.gpus.start()        # a node without GPUs has no GPU-hours to count
         self.slurmd.start()
         self.local.remove_stale_temp_dirs()
         self._publish_status(force_session=True)
@@ -286,7 +289,7 @@ class Agent:
                                      "to": self.ctx.state.value, "reason": self.ctx.reason})
             self._log("state_changed", previous=before.state.value, reason=self.ctx.reason)
             self.history.transition(before.state, self.ctx.state, self.ctx.reason, head_job=self.ctx.head_job,
-                                    ray_node_id=self.ctx.node_id)
+                                    ray_node_id=self.ctx.node_id, gpu_usage=self.gpus.usage())
         # Act first: a StopRay detaches the node at once, so what is published
         # for the new state no longer names the Ray processes being stopped.
         self._act(actions)
@@ -479,7 +482,7 @@ class Agent:
             history=tuple(c.history[-5:]),
             handover_deadline=self._handover[1] if self._handover else None,
             transitions=tuple(Transition.from_dict(t) for t in list(self.transitions)[-20:]),
-            exited=self._exit_code is not None, exit_code=self._exit_code,
+            exited=self._exit_code is not None, exit_code=self._exit_code, gpu_usage=self.gpus.usage(),
         )
 
     def _status(self) -> dict[str, Any]:
@@ -506,7 +509,8 @@ class Agent:
         self.local.sweep()
         self.gone.wait()
         self._log("agent_exit", code=self._exit_code)
-        self.history.exited(self.ctx.state, self.ctx.reason, self._exit_code)
+        self.gpus.stop()
+        self.history.exited(self.ctx.state, self.ctx.reason, self._exit_code, self.gpus.usage())
         self._publish_status(force_session=True)
         self.follower.subscribe(None)
         self.control.close()

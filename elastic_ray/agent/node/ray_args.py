@@ -127,9 +127,10 @@ HASH_OFFSETS: Mapping[str, int] = {
 assert max(HASH_OFFSETS.values()) < HASH_BLOCK_SIZE
 
 # The ports `random` must pick because Ray cannot (or would collide).
-_RANDOM_HEAD_PICKS = ("gcs_port", "ray_client_server_port", "dashboard_port",
-                      "dashboard_agent_listen_port", "autoscaler_metric_port", "dashboard_metric_port")
-_RANDOM_WORKER_PICKS = ("dashboard_agent_listen_port",)
+_RANDOM_HEAD_PICKS = ("gcs_port", "ray_client_server_port", "dashboard_port", "dashboard_agent_listen_port",
+                      "metrics_export_port", "autoscaler_metric_port", "dashboard_metric_port")
+# metrics_export_port: the agent reads its node's GPU load there (agent/node/ray_load).
+_RANDOM_WORKER_PICKS = ("dashboard_agent_listen_port", "metrics_export_port")
 _FREE_PORT_ATTEMPTS = 50
 
 

@@ -682,6 +682,31 @@ class RequestCounts:
 
 
 @dataclass(frozen=True)
+class GpuUsage:
+    """What a node's agent measured of its GPUs while its Ray ran (``agent/node/ray_load``):
+    GPU-seconds held (every GPU Ray had) and idle (no task or actor held them),
+    over ``samples`` looks between ``first_at`` and ``last_at``."""
+
+    held_gpu_seconds: float = 0.0
+    idle_gpu_seconds: float = 0.0
+    samples: int = 0
+    first_at: float | None = None
+    last_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"held_gpu_seconds": round(self.held_gpu_seconds, 3), "idle_gpu_seconds": round(self.idle_gpu_seconds, 3),
+                "samples": self.samples, "first_at": self.first_at, "last_at": self.last_at}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "GpuUsage":
+        held, idle = (float(_get(data, k, (int, float))) for k in ("held_gpu_seconds", "idle_gpu_seconds"))
+        if not (math.isfinite(held) and math.isfinite(idle) and 0 <= idle <= held + 1e-6):
+            raise ValueError(f"GPU-seconds: held {held!r}, idle {idle!r} (want 0 <= idle <= held)")
+        return cls(held, idle, _count(data, "samples"), _nullable_time(data, "first_at"),
+                   _nullable_time(data, "last_at"))
+
+
+@dataclass(frozen=True)
 class NodeState:
     """jobs/<job>/nodes/<host>.json: what one node's agent is doing.
 
@@ -731,6 +756,7 @@ class NodeState:
     transitions: tuple[Transition, ...] = ()
     exited: bool = False
     exit_code: int | None = None
+    gpu_usage: GpuUsage | None = None     # optional on read: agents before it did not write it
     protocol_version: int = PROTOCOL_VERSION
 
     def __post_init__(self) -> None:
@@ -758,6 +784,7 @@ class NodeState:
             "handover_deadline": self.handover_deadline,
             "transitions": [t.to_dict() for t in self.transitions],
             "exited": self.exited, "exit_code": self.exit_code,
+            "gpu_usage": None if self.gpu_usage is None else self.gpu_usage.to_dict(),
         }
 
     @classmethod
@@ -825,5 +852,7 @@ class NodeState:
                               for i, t in enumerate(transitions)),
             exited=_get(data, "exited", bool),
             exit_code=_nullable(data, "exit_code", int),
+            gpu_usage=None if _get(data, "gpu_usage", dict, optional=True) is None else _nested(
+                "gpu_usage", lambda: GpuUsage.from_dict(data["gpu_usage"])),
             protocol_version=version,
         )
