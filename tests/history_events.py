@@ -10,6 +10,7 @@ moves to it), and one payload runs from T0+400 to T0+5000.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from elastic_ray.protocol.disk.events import Event, EventKind, EventSource
@@ -27,7 +28,12 @@ K = EventKind
 AGENT = EventSource.AGENT
 
 
-def scenario() -> list[Event]:
+def scenario(t0: float = T0) -> list[Event]:
+    """The run above, from ``t0`` (a run that is live now: ``scenario(time.time() - 5600)``)."""
+    return [replace(e, at=e.at - T0 + t0) for e in _events()]
+
+
+def _events() -> list[Event]:
     return [
         ev(0, K.SESSION_CREATED, session_id="s-1", name="er-demo", scheduler="local", layout="default"),
         ev(0, K.SUBMITTED, "100", role="head", partition="cpu", nodes=1, gpus_per_node=0, spec_id="h"),

@@ -86,3 +86,59 @@ def test_to_dict_is_json_with_rounded_figures():
 def test_an_empty_run_adds_up_to_nothing():
     figures = usage(build([], T0))
     assert (figures.allocations, figures.node_hours, figures.gpu_hours_held, figures.partial) == ((), 0.0, 0.0, False)
+
+
+# =============================================================== `elastic-ray session usage`
+
+def _session(tmp_path, events):
+    from elastic_ray.protocol.disk import event_log
+
+    directory = tmp_path / "session"
+    directory.mkdir()
+    (directory / "session.json").write_text("{}")
+    for event in events:
+        assert event_log.append(directory, event)
+    return directory
+
+
+def _usage(*args):
+    from click.testing import CliRunner
+
+    from elastic_ray.cli.main import main
+
+    return CliRunner().invoke(main, ["session", "usage", *args], catch_exceptions=False)
+
+
+def test_the_command_prints_a_table_with_the_run_total(tmp_path):
+    import time
+
+    session = _session(tmp_path, scenario(time.time() - 5600))
+    result = _usage(str(session))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert any(line.split()[:3] == ["job", "role", "partition"] and "GPU-hours held" in line for line in lines)
+    rows = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in ("100", "101",
+                                                                                                    "102", "run")}
+    assert rows["100"] == ["100", "head", "cpu", "1", "0.99", "0.00", "failed"]
+    assert rows["101"][:4] == ["101", "worker", "gpu", "2"] and rows["101"][-1] == "live"
+    assert rows["101"][4:6] == ["3.00", "12.00"]       # 2 nodes x 1.5 h x 4 GPUs (to the second: the clock moved)
+    assert rows["102"] == ["102", "worker", "gpu-a", "1", "0.42", "0.85", "removed"]
+    assert rows["run"] == ["run", "4", "4.42", "12.85"]
+
+
+def test_the_command_s_json(tmp_path):
+    session = _session(tmp_path, scenario())
+    (session / "events.jsonl").open("ab").write(b'{"torn": \n')
+    doc = json.loads(_usage(str(session), "--json").stdout)
+    assert doc["schema"] == "elastic-ray/1" and doc["command"] == "session usage"
+    assert [a["job"] for a in doc["allocations"]] == ["100", "101", "102"]
+    assert doc["allocations"][2]["gpu_hours_held"] == 0.85 and doc["skipped_lines"] == 1
+    assert set(doc["total"]) == {"node_hours", "gpu_hours_held", "gpu_hours_idle", "partial"}
+
+
+@pytest.mark.parametrize("json_flag", [False, True])
+def test_a_missing_session_is_a_usage_error(tmp_path, json_flag):
+    result = _usage(str(tmp_path / "gone"), *(["--json"] if json_flag else []))
+    assert result.exit_code == 2 and "no such directory" in result.output
+    if json_flag:
+        assert json.loads(result.stdout)["error"]["type"] == "usage"

@@ -143,7 +143,7 @@ PURE_MODULES: tuple[str, ...] = (
     "config/allocation.py", "config/queue.py", "config/slurm_values.py",
     "scheduler/states.py", "scheduler/slurm_parse.py",
     "cli/options.py", "cli/render_plan.py", "cli/status_model.py", "cli/status_view.py",
-    "dagster/orphans.py", "remote/wire.py", "history/runs.py", "history/usage.py",
+    "dagster/orphans.py", "remote/wire.py", "history/runs.py", "history/usage.py", "history/page.py",
 )
 EFFECTS = frozenset({"zmq", "psutil", "subprocess", "threading", "socket", "multiprocessing", "asyncio"})
 
