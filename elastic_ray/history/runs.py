@@ -20,6 +20,7 @@ Pure: a function of the events and ``now``, touching no file or clock.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -152,7 +153,15 @@ class RunHistory:
         return next((a for a in self.allocations if a.job == job), None)
 
     def nodes_of(self, job: str) -> tuple[NodeInterval, ...]:
-        return tuple(n for n in self.nodes if n.job == job)
+        return self._nodes_by_job.get(job, ())
+
+    @functools.cached_property
+    def _nodes_by_job(self) -> dict[str, tuple[NodeInterval, ...]]:
+        # Built once per history: a run of thousands of allocations is asked job by job.
+        by_job: dict[str, list[NodeInterval]] = {}
+        for interval in self.nodes:
+            by_job.setdefault(interval.job, []).append(interval)
+        return {job: tuple(intervals) for job, intervals in by_job.items()}
 
 
 # =============================================================== reading details
