@@ -156,3 +156,16 @@ def test_an_election_that_has_not_ended():
 def test_no_events_is_an_empty_history():
     history = build([], T0)
     assert history.allocations == () and history.nodes == () and history.first_at is None
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_any_lines_may_be_missing(seed):
+    """A writer can die before its line: drop lines anywhere, the history and its figures still come."""
+    from elastic_ray.history.usage import usage
+
+    rng = random.Random(seed)
+    events = [e for e in scenario() if rng.random() > 0.4]
+    history = build(events, NOW)
+    figures = usage(history)
+    assert figures.node_hours >= 0 and all(n.left_at is not None for n in history.nodes)
+    assert all(h.until is not None and (h.since is None or h.until >= h.since) for h in history.head_periods)
