@@ -31,13 +31,17 @@ PACKAGE = Path(__file__).resolve().parent.parent / "elastic_ray"
 # room -> rooms (or third-party top-level packages) it must never import.
 NEVER: Mapping[str, frozenset[str]] = {
     "agent": frozenset({"coordinator", "dagster", "cli", "demo", "ray"}),
-    "protocol": frozenset({"agent", "coordinator", "scheduler", "dagster", "cli", "demo", "ray"}),
+    "protocol": frozenset({"agent", "coordinator", "scheduler", "dagster", "cli", "demo", "ray", "history"}),
     "scheduler": frozenset({"agent", "coordinator", "dagster", "cli", "demo", "ray"}),
-    "config": frozenset({"agent", "coordinator", "scheduler", "protocol", "dagster", "cli", "demo", "ray"}),
+    "config": frozenset({"agent", "coordinator", "scheduler", "protocol", "dagster", "cli", "demo", "ray",
+                         "history"}),
     "coordinator": frozenset({"dagster", "cli", "demo", "remote"}),
     "remote": frozenset({"agent", "dagster", "cli", "demo", "ray"}),
     "cli": frozenset({"dagster"}),
     "demo": frozenset({"dagster"}),
+    # The run's history read back from its event log: a reader of protocol's
+    # records, used by the CLI and Dagster, acting on nothing of the run.
+    "history": frozenset({"agent", "coordinator", "scheduler", "dagster", "cli", "demo", "ray", "remote"}),
 }
 # Every room. The modules outside them (errors, atomic, polling, defaults,
 # knobs, ray_auth: "room-free") are what every room may import, so they
@@ -51,6 +55,8 @@ OWNED_THIRD_PARTY: Mapping[str, frozenset[str]] = {
     "dagster": frozenset({"dagster"}),
     "dagster_shared": frozenset({"dagster"}),
     "dagster_pipes": frozenset({"dagster", "demo"}),
+    # An optional extra (elastic-ray[timeline]) that only the timeline draws with.
+    "matplotlib": frozenset({"history"}),
 }
 # Files that run as their own process (never imported by their room's code),
 # with the third-party packages they may import for that reason.
@@ -137,7 +143,7 @@ PURE_MODULES: tuple[str, ...] = (
     "config/allocation.py", "config/queue.py", "config/slurm_values.py",
     "scheduler/states.py", "scheduler/slurm_parse.py",
     "cli/options.py", "cli/render_plan.py", "cli/status_model.py", "cli/status_view.py",
-    "dagster/orphans.py", "remote/wire.py",
+    "dagster/orphans.py", "remote/wire.py", "history/runs.py", "history/usage.py", "history/page.py",
 )
 EFFECTS = frozenset({"zmq", "psutil", "subprocess", "threading", "socket", "multiprocessing", "asyncio"})
 
@@ -194,6 +200,10 @@ def test_the_package_keeps_the_import_rule():
     ("config/allocation.py", "from ..protocol.records import is_job_id\n", "config imports elastic_ray.protocol"),
     ("knobs.py", "from .agent.node import simulation\n", "a room-free module imports elastic_ray.agent.node"),
     ("defaults.py", "def f():\n    from elastic_ray.config import allocation\n", "a room-free module imports elastic_ray.config"),
+    ("history/runs.py", "from ..coordinator.session import Session\n", "history imports elastic_ray.coordinator"),
+    ("history/timeline.py", "from ..scheduler.base import JobState\n", "history imports elastic_ray.scheduler"),
+    ("protocol/disk/event_log.py", "from ...history import runs\n", "protocol imports elastic_ray.history"),
+    ("cli/history.py", "import matplotlib\n", "only history may import matplotlib"),
 ])
 def test_the_checker_catches_each_kind_of_violation(relative, source, expected):
     found = violations({relative: source})
@@ -210,6 +220,10 @@ def test_the_checker_catches_each_kind_of_violation(relative, source, expected):
     ("knobs.py", "from . import defaults\nfrom .errors import ConfigError\n"),
     ("agent/slurm/slurmd_watch.py", "from ... import knobs\n"),
     ("__init__.py", "from .config import SlurmRunAllocationConfig\n"),
+    ("history/runs.py", "from ..protocol.disk.events import Event\nfrom ..config import RayLauncher\n"),
+    ("history/timeline.py", "def f():\n    import matplotlib\n"),
+    ("cli/history.py", "from ..history.runs import build\n"),
+    ("dagster/compute.py", "from ..history.usage import usage\n"),
 ])
 def test_the_checker_accepts_what_the_rule_allows(relative, source):
     assert violations({relative: source}) == []

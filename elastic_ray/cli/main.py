@@ -16,6 +16,7 @@ from rich.console import Console
 from .. import __version__
 from .create import create_cmd, render_cmd
 from .events_cmd import events_cmd
+from .history import timeline_cmd, usage_cmd
 from .session import session_group
 from ..errors import ElasticRayError
 from ..scheduler.factory import KINDS, make_scheduler
@@ -67,6 +68,8 @@ def demo(scheduler: str, workdir: Path | None, sleep: float, allocations_only: b
 
 session_group.add_command(create_cmd)
 session_group.add_command(events_cmd)
+session_group.add_command(timeline_cmd)
+session_group.add_command(usage_cmd)
 main.add_command(session_group)
 main.add_command(render_cmd)
 

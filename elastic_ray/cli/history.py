@@ -1,0 +1,132 @@
+"""`elastic-ray session timeline` and `session usage`: a run's history, read from its event log.
+
+Both only read ``events.jsonl`` (through ``event_log.read``): they need no
+scheduler, take no lock and change nothing in the session, so they are safe
+on a live run and on one long over, from any host that sees the directory.
+The session is ``DIR`` or ``$ELASTIC_RAY_SESSION``, as for every session
+command. A bad argument (a directory that is no session, an output suffix
+that names no format) is refused before anything is read or written, exit 2.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich import box
+from rich.table import Table
+
+from ..atomic import atomic_write_bytes
+from ..history.runs import RunHistory, build
+from ..history.usage import RunUsage, usage
+from ..protocol.disk import event_log, paths
+from .output import JSON_OPTION, JsonCommand, echo_json, err_console, failures_as_click, out_console, session_directory
+
+_DIR = click.argument("directory", metavar="[DIR]", required=False,
+                      type=click.Path(file_okay=False, path_type=Path))
+
+
+def session_path(directory: Path | None) -> Path:
+    """DIR (or ``$ELASTIC_RAY_SESSION``), checked to be a session directory: a usage error otherwise."""
+    path = session_directory(directory)
+    if not path.is_dir():
+        raise click.BadParameter(f"{path}: no such directory", param_hint="DIR")
+    if not paths.session_file(path).is_file():
+        raise click.BadParameter(f"{path}: not a session directory (it has no {paths.session_file(path).name})",
+                                 param_hint="DIR")
+    return path
+
+
+def read_history(path: Path) -> tuple[RunHistory, int]:
+    """The run's history as of now, and how many lines of its log could not be read."""
+    reading = event_log.read(path)
+    return build(reading.events, time.time()), sum(reading.skipped.values())
+
+
+def _warn_skipped(skipped: int) -> None:
+    if skipped:
+        err_console().print(f"warning: {skipped} line(s) of the event log could not be read and are left out",
+                            markup=False)
+
+
+@click.command("timeline", cls=JsonCommand)
+@_DIR
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The file to write; its suffix chooses the format: .html (one self-contained page: "
+                   "the drawing, the allocations, the usage and the events), .png or .svg.")
+@JSON_OPTION
+@failures_as_click
+def timeline_cmd(directory: Path | None, output: Path, as_json: bool) -> None:
+    """Draw the run's history: one bar per node of each allocation (pending,
+    starting, joined, draining), grouped by partition, with the head's
+    periods, elections, head moves and payload runs, on a UTC time axis.
+
+    Prints the path written (with --json: output, format, bytes, events,
+    skipped_lines). Needs matplotlib: pip install 'elastic-ray[timeline]'.
+    """
+    from ..history.timeline import TimelineError, output_format, render, title_of
+
+    try:
+        fmt = output_format(output)
+    except TimelineError as exc:
+        raise click.BadParameter(str(exc).removeprefix("output: "), param_hint="--output") from None
+    if not output.parent.is_dir():
+        raise click.BadParameter(f"{output}: the directory {output.parent} does not exist", param_hint="--output")
+    path = session_path(directory)
+    history, skipped = read_history(path)
+    if not as_json:
+        _warn_skipped(skipped)
+    data = render(history, fmt, title=title_of(history), skipped=skipped)
+    atomic_write_bytes(output, data, mode=0o644, durable=False)
+    if as_json:
+        echo_json("session timeline", {"output": str(output), "format": fmt, "bytes": len(data),
+                                       "events": len(history.events), "skipped_lines": skipped})
+    else:
+        click.echo(str(output))
+
+
+def usage_table(figures: RunUsage) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("job", "role", "partition", "nodes", "node-hours", "GPU-hours held", "ended"):
+        table.add_column(column, justify="right" if column in ("nodes", "node-hours", "GPU-hours held") else "left",
+                         no_wrap=True)
+
+    def figure(value: float | None) -> str:
+        return "?" if value is None else f"{value:.2f}"
+
+    for row in figures.allocations:
+        table.add_row(row.job, row.role or "?", row.partition or "?", str(row.nodes), figure(row.node_hours),
+                      figure(row.gpu_hours_held), "live" if row.live else row.ended_how or "?")
+    table.add_section()
+    table.add_row("run", "", "", str(sum(r.nodes for r in figures.allocations)), figure(figures.node_hours),
+                  figure(figures.gpu_hours_held), "")
+    return table
+
+
+@click.command("usage", cls=JsonCommand)
+@_DIR
+@JSON_OPTION
+@failures_as_click
+def usage_cmd(directory: Path | None, as_json: bool) -> None:
+    """What the run held, per allocation and in total: node-hours (each node
+    from its agent's start to its leaving; a live one up to now) and GPU-hours
+    held (node-hours times GPUs per node).
+
+    "?" is a figure the event log does not tell (its oldest lines may be
+    gone); "live" an allocation that has not ended.
+    """
+    path = session_path(directory)
+    history, skipped = read_history(path)
+    figures = usage(history)
+    if as_json:
+        fields: dict[str, Any] = {"session": str(path), "now": round(history.now, 3), **figures.to_dict(),
+                                  "skipped_lines": skipped}
+        echo_json("session usage", fields)
+        return
+    _warn_skipped(skipped)
+    out_console().print(usage_table(figures))
+    if figures.partial:
+        err_console().print("note: some figures are incomplete: the event log lacks a node's start or an "
+                            "allocation's GPU count", markup=False)
