@@ -15,6 +15,7 @@ from rich.console import Console
 
 from .. import __version__
 from .create import create_cmd, render_cmd
+from .dashboard import dashboard_cmd
 from .session import session_group
 from ..errors import ElasticRayError
 from ..scheduler.factory import KINDS, make_scheduler
@@ -65,6 +66,7 @@ def demo(scheduler: str, workdir: Path | None, sleep: float, allocations_only: b
 
 
 session_group.add_command(create_cmd)
+session_group.add_command(dashboard_cmd)
 main.add_command(session_group)
 main.add_command(render_cmd)
 
