@@ -211,6 +211,10 @@ REMOTE_LOG = _knob(
     "ELASTIC_RAY_REMOTE_LOG", "logging level", "WARNING",
     "SSH mode: the log level of the cluster side of each call (its stderr reaches the client's)",
     ("remote/server.py",), _log_level)
+LOG_FORMAT = _knob(
+    "ELASTIC_RAY_LOG_FORMAT", "'text' or 'json'", "text",
+    "how `elastic-ray` writes its log lines to stderr: text, or one JSON object per line (--log-format)",
+    ("cli/main.py",), _one_of("text", "json"), choices=("text", "json"))
 
 # ---------------------------------------------------------------- simulations, tests and the demo payload
 
@@ -267,6 +271,10 @@ REJOIN_ORDER = _knob(
     "ELASTIC_AGENT_REJOIN_ORDER", "'host-first' or 'all'", "host-first",
     "after the head moved, workers on the hosting node's machine wait for its worker (host-first) "
     "or all restart at once", ("agent/cli.py",), _one_of("host-first", "all"), choices=("host-first", "all"))
+AGENT_LOG_FORMAT = _knob(
+    "ELASTIC_AGENT_LOG_FORMAT", "'text' or 'json'", "text",
+    "how an agent writes its log lines (its log file and stderr): text, or one JSON object per line "
+    "(--log-format)", ("agent/cli.py",), _one_of("text", "json"), choices=("text", "json"))
 SLURMD_CHECK = _knob(
     "ELASTIC_AGENT_SLURMD_CHECK", "seconds", defaults.SLURMD_CHECK_INTERVAL,
     "seconds between an agent's looks at its node's slurmd (0 turns the check off)",

@@ -32,6 +32,7 @@ from elastic_ray.cli.options import (
     parse_ray_resources,
     worker_config,
 )
+from elastic_ray.cli.dashboard_model import TURN_ON
 from elastic_ray.cli.session import one_line
 from elastic_ray.cli.status_model import build_status, node_shown_state
 from elastic_ray.cli.status_view import format_duration, render_status
@@ -242,9 +243,19 @@ def test_status_model_lists_every_job_with_role_state_nodes_and_drain():
     assert rows["22"]["drain"] == {"state": "draining", "requested_at": NOW - 10, "deadline": NOW + 50}
     assert rows["20"]["drain"] is None
     assert status["head"] == {"job_id": "20", "recorded_job_id": "20", "address": "10.0.0.1:6379",
+                              "dashboard": None, "dashboard_note": f"the dashboard is off: {TURN_ON}",
                               "heartbeat": "live", "last_beat_age": 0.3, "draining": False}
     assert status["active_jobs"] == 5
     json.loads(json.dumps(status))  # JSON-ready as it is
+
+
+def test_status_shows_the_dashboard_or_how_to_turn_it_on():
+    _, _, _, endpoint, _ = _fabricated()
+    status = _status(endpoint=replace(endpoint, dashboard="10.0.0.1:30002"))
+    assert status["head"]["dashboard"] == "10.0.0.1:30002"
+    assert "dashboard: 10.0.0.1:30002 (a tunnel to it: elastic-ray session dashboard)" in _text(status)
+    assert "dashboard: the dashboard is off: set include_dashboard=True" in _text(_status())
+    assert "dashboard:" not in _text(_status(pointer=None, endpoint=None))   # no head: nothing to say about it
 
 
 def test_status_table_shows_what_the_model_holds():

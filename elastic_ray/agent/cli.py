@@ -16,6 +16,7 @@ import click
 
 from .. import __version__, knobs
 from ..errors import ElasticRayError
+from ..log_format import FORMATS, formatter
 
 
 def node_address(session_dir: Path, node: str) -> str:
@@ -68,9 +69,12 @@ def main() -> None:
               default=knobs.REJOIN_ORDER.default, help="After the head moved, workers on the hosting node's machine "
                                                        "wait for its worker (host-first) or all start at once "
                                                        f"[${knobs.REJOIN_ORDER.name}].")
+@click.option("--log-format", envvar=knobs.AGENT_LOG_FORMAT.name, type=click.Choice(FORMATS),
+              default=knobs.AGENT_LOG_FORMAT.default, show_default=True,
+              help=f"Log lines as text or one JSON object each [${knobs.AGENT_LOG_FORMAT.name}].")
 def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str | None, node_ip: str | None,
         node_index: int, poll_interval: float, head_lost_after: float, backoff_base: float,
-        start_timeout: float, head_drain_lead: float, rejoin_order: str) -> None:
+        start_timeout: float, head_drain_lead: float, rejoin_order: str, log_format: str) -> None:
     """Run the agent of one node (started by the batch script through srun)."""
     from ..protocol.disk import paths
     from ..protocol.disk.records import check_job_id
@@ -83,9 +87,12 @@ def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str 
     node = node or socket.gethostname()
     node_ip = node_ip or node_address(session_dir, node)
     log_file = paths.agent_log(session_dir, job_id, node)
-    _setup_logging(log_file)
-    click.echo(f"elastic-agent {__version__}: job {job_id} node {node} ({node_ip}) role {role}; log: {log_file}",
-               err=True)
+    _setup_logging(log_file, log_format)
+    banner = f"elastic-agent {__version__}: job {job_id} node {node} ({node_ip}) role {role}; log: {log_file}"
+    if log_format == "json":      # every stderr line a JSON object, the banner too
+        logging.getLogger("elastic_ray.agent").info(banner)
+    else:
+        click.echo(banner, err=True)
     try:
         agent = Agent(AgentOptions(session=session_dir, job_id=job_id, role=role, node=node, node_ip=node_ip,
                                    node_index=node_index, spec=spec, poll_interval=poll_interval,
@@ -113,10 +120,10 @@ def status(as_json: bool, job_id: str | None, show_all: bool) -> None:
     click.echo(render_json(views) if as_json else render_text(views, hidden=hidden))
 
 
-def _setup_logging(log_file: Path) -> None:
+def _setup_logging(log_file: Path, log_format: str = "text") -> None:
     """One structured line per event, to the session's log folder and stderr
-    (stderr lands in the Slurm job's output)."""
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+    (stderr lands in the Slurm job's output); as text or JSON (:mod:`elastic_ray.log_format`)."""
+    fmt = formatter(log_format)
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     for handler in (logging.FileHandler(log_file), logging.StreamHandler(sys.stderr)):

@@ -186,9 +186,10 @@ class Agent:
 
     def _log(self, event: str, **fields: Any) -> None:
         state = self.ctx.state.value if hasattr(self, "ctx") else "-"
-        extra = " ".join(f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}" for k, v in fields.items())
+        words = " ".join(f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}" for k, v in fields.items())
         log.info("event=%s job=%s node=%s role=%s state=%s %s", event, self.o.job_id, self.o.node, self.o.role,
-                 state, extra)
+                 state, words, extra={"fields": {"event": event, "job": self.o.job_id, "node": self.o.node,
+                                                 "role": self.o.role, "state": state, **fields}})
 
     # ------------------------------------------------------------ public
     def run(self) -> int:

@@ -6,6 +6,7 @@ bad argument, with exit status 2 for usage errors and 1 for failures.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -13,19 +14,31 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from .. import __version__
+from .. import __version__, knobs
 from .create import create_cmd, render_cmd
 from .events_cmd import events_cmd
 from .history import timeline_cmd, usage_cmd
+from .dashboard import dashboard_cmd
 from .session import session_group
 from ..errors import ElasticRayError
+from ..log_format import FORMATS, formatter
 from ..scheduler.factory import KINDS, make_scheduler
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="elastic-ray")
-def main() -> None:
+@click.option("--log-format", envvar=knobs.LOG_FORMAT.name, type=click.Choice(FORMATS),
+              default=knobs.LOG_FORMAT.default, show_default=True,
+              help=f"Log lines on stderr as text or one JSON object each [${knobs.LOG_FORMAT.name}]; "
+                   "results and progress are not log lines (see --json).")
+def main(log_format: str) -> None:
     """Elastic Ray clusters on Slurm."""
+    if log_format == "json":
+        # Text keeps Python's own last-resort handler (warnings and errors, message only).
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(formatter("json"))
+        handler.setLevel(logging.WARNING)
+        logging.getLogger().addHandler(handler)
 
 
 @main.command()
@@ -70,6 +83,7 @@ session_group.add_command(create_cmd)
 session_group.add_command(events_cmd)
 session_group.add_command(timeline_cmd)
 session_group.add_command(usage_cmd)
+session_group.add_command(dashboard_cmd)
 main.add_command(session_group)
 main.add_command(render_cmd)
 

@@ -19,6 +19,7 @@ from ..coordinator.allocations.failures import failures_of
 from ..coordinator.head.headwatch import HeadObservation
 from ..protocol.disk.records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, WorkerRecord
 from ..scheduler.base import JobInfo, JobState
+from .dashboard_model import locate_dashboard, status_line
 
 # An agent rewrites its node file in the session directory at every state
 # change and at least every defaults.STATUS_REFRESH (20 s) while it runs;
@@ -196,6 +197,8 @@ def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecor
             "job_id": pointer,
             "recorded_job_id": record.head_job,
             "address": endpoint.address if endpoint else None,
+            # The dashboard's ip:port, or None and why (off, not ready yet): see dashboard_model.
+            **_dashboard(pointer, endpoint, info.launcher),
             "heartbeat": heartbeat,
             "last_beat_age": None if age is None else round(age, 2),
             "draining": bool(observation and observation.job == pointer and observation.draining),
@@ -210,6 +213,11 @@ def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecor
         "active_jobs": sum(1 for r in rows if r["state"] in ACTIVE_STATES),
         "observed_at": now,
     }
+
+
+def _dashboard(pointer: str | None, endpoint: HeadEndpoint | None, launcher: Mapping[str, Any]) -> dict[str, Any]:
+    place = locate_dashboard(pointer, endpoint, launcher)
+    return {"dashboard": place.address, "dashboard_note": status_line(place)}
 
 
 # =============================================================== `status --check`

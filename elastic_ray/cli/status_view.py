@@ -113,6 +113,8 @@ def render_status(status: Mapping[str, Any]) -> Group:
         if head["recorded_job_id"] not in (None, head["job_id"]):
             head_line.append(f"; the record names job {head['recorded_job_id']}", style="yellow")
     extra = []
+    if head["job_id"] is not None and head.get("dashboard_note"):
+        extra.append(Text.assemble(("dashboard: ", "bold"), head["dashboard_note"]))
     failures = status.get("failures") or []
     if failures:
         extra.append(Text(f"{len(failures)} worker allocation(s) ended without being asked: " + ", ".join(

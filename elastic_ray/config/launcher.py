@@ -65,6 +65,12 @@ class RayLauncher:
     ``redis_password`` is accepted for old configurations but never passed
     to Ray (Ray would put it on command lines); setting it logs a warning.
 
+    ``include_dashboard`` (default False) starts Ray's dashboard on the
+    head, on the head node's address; the head publishes it and
+    ``elastic-ray session dashboard`` prints the SSH tunnel to it. Off by
+    default: measured, it adds about 200 MiB and 1.7 % of a core to an idle
+    head (bench/bench_dashboard.py, docs/operations.md).
+
     ``standby_head`` (default False) keeps a warm standby head: a head-only
     Ray control plane (GCS and a raylet with 0 CPUs and 0 GPUs) already
     running, unpublished, on the first node of the worker allocation the

@@ -76,9 +76,9 @@ class HeadPublishing:
         ports["control"] = int(self.control_endpoint.rpartition(":")[2])
         endpoint = HeadEndpoint(job_id=p.job_id, host=p.node, address=f"{p.node_ip}:{ports['gcs_port']}",
                                 ray_version=_ray_version(), started_at=time.time(), ports=ports,
-                                boot_id=read_boot_id())
+                                boot_id=read_boot_id(), dashboard=_dashboard(handle))
         self.session.write_head_endpoint(endpoint)
-        self._log("head_published", address=endpoint.address)
+        self._log("head_published", address=endpoint.address, dashboard=endpoint.dashboard or "off")
 
     def close(self) -> None:
         if self.publisher is None:
@@ -93,6 +93,12 @@ class HeadPublishing:
         except Exception as exc:
             log.warning("event=last_heartbeat_failed job=%s error=%s", self.place.job_id, exc)
         self.publisher.close()
+
+
+def _dashboard(handle: RayHandle) -> str | None:
+    """The dashboard's ``ip:port`` as the node was started with it; None when off."""
+    command = handle.node.command
+    return None if command is None else command.dashboard_address
 
 
 def _ray_version() -> str:

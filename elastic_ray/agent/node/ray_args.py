@@ -307,6 +307,7 @@ class RayStartCommand:
     node_ip: str
     ports: dict[str, int]
     unset_env: tuple[str, ...] = SCRUBBED_ENV
+    dashboard_address: str | None = None     # the head's dashboard, ip:port; None when off
 
     @property
     def gcs_address(self) -> str | None:
@@ -456,6 +457,8 @@ def build_ray_start(
         agent[:0] = ["--head", "--block"]
         agent += ["--num-cpus=0", "--num-gpus=0",
                   f"--include-dashboard={'true' if launcher.include_dashboard else 'false'}"]
+        if launcher.include_dashboard:   # Ray's 127.0.0.1 is out of reach of a tunnel via the login host;
+            agent.append(f"--dashboard-host={node_ip}")   # no wider than the GCS, and token auth guards both
         if memory_bytes is not None:
             agent.append(f"--memory={_positive('memory_bytes', memory_bytes)}")
         if labels:
@@ -502,7 +505,8 @@ def build_ray_start(
 
     argv = (exe, "start", *merge_options(agent, *user))
     return RayStartCommand(argv=argv, env=env, role=role, temp_dir=temp_dir, node_ip=node_ip,
-                           ports=dict(ports))
+                           ports=dict(ports), dashboard_address=f"{node_ip}:{ports.get('dashboard_port', 8265)}"
+                           if role == "head" and launcher.include_dashboard else None)   # 8265: Ray's default
 
 
 def _non_negative(name: str, value: int) -> int:

@@ -450,6 +450,9 @@ class HeadEndpoint:
     # kernel share its CPUs and let the hosting node rejoin first
     # (agent.head.rejoin_order). "" from agents that predate it.
     boot_id: str = ""
+    # "ip:port" of the head's Ray dashboard; None when the launcher has it
+    # off, and in records of agents that predate the field (no key either way).
+    dashboard: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -458,14 +461,14 @@ class HeadEndpoint:
         }
         if self.boot_id:
             out["boot_id"] = self.boot_id
+        if self.dashboard is not None:
+            out["dashboard"] = self.dashboard
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "HeadEndpoint":
-        address = _get(data, "address", str)
-        hostpart, _, port = address.rpartition(":")
-        if not hostpart or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-            raise ValueError(f"address {address!r} is not host:port")
+        address = _host_port(data, "address")
+        dashboard = _host_port(data, "dashboard") if data.get("dashboard") is not None else None
         ports = _get(data, "ports", dict)
         for name, value in ports.items():
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 65536:
@@ -478,7 +481,17 @@ class HeadEndpoint:
             started_at=float(_get(data, "started_at", (int, float))),
             ports=MappingProxyType(dict(ports)),
             boot_id=_get(data, "boot_id", str) if "boot_id" in data else "",
+            dashboard=dashboard,
         )
+
+
+def _host_port(data: Mapping[str, Any], key: str) -> str:
+    """A ``host:port`` string (the host part non-empty, the port 1-65535)."""
+    value = _get(data, key, str)
+    hostpart, _, port = value.rpartition(":")
+    if not hostpart or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise ValueError(f"{key} {value!r} is not host:port")
+    return value
 
 
 # ---------------------------------------------------------------- protocol versions
