@@ -1,32 +1,26 @@
 """Which ``ray start`` command a node runs: ports, arguments and environment.
 
-Everything here is a pure function of its inputs (the launcher, the
-allocation, the Slurm facts the caller read, and a ``free_port`` callable for
-the ``random`` strategy), so every decision is unit-tested without Ray.
-:mod:`elastic_ray.agent.node.ray_node` runs the result.
-
-The facts these choices rest on were measured with Ray 2.60 in this sandbox
-(``notes/ray-in-this-sandbox.md``); the WHY of each choice is written next to
-it.
+Everything here is a pure function of its inputs (the launcher, the allocation, the Slurm facts the caller
+read, and a ``free_port`` callable for the ``random`` strategy), so every decision is unit-tested without Ray.
+:mod:`elastic_ray.agent.node.ray_node` runs the result. The facts these choices rest on were measured with
+Ray 2.60 in this sandbox (``notes/ray-in-this-sandbox.md``); the WHY of each choice is written next to it.
 
 Ports
 =====
-Several Ray nodes may share one host: a worker of one allocation next to the
-head elected onto that node, or workers of two jobs that Slurm packed onto one
-shared node. ``choose_ports`` returns the ports a node passes explicitly; a
-port missing from the result is left to Ray's own default.
+Several Ray nodes may share one host: a worker of one allocation next to the head elected onto that node, or
+workers of two jobs that Slurm packed onto one shared node. ``choose_ports`` returns the ports a node passes
+explicitly; a port missing from the result is left to Ray's own default.
 
 ``random``
-    Every port Ray can choose itself stays unset (node manager, object
-    manager, metrics export, dashboard agent gRPC, runtime-env agent) and core
-    worker ports come from the OS (``--min-worker-port=0 --max-worker-port=0``,
-    as ``ray.cluster_utils`` does), so none of them can collide. The ports that
-    cannot be 0, or whose default is a fixed number that collides between two
-    nodes on one host, get ``free_port()``: the head's GCS ``--port``,
-    ``--ray-client-server-port`` (Ray rejects 0), ``--dashboard-port`` and
-    the env ``AUTOSCALER_METRIC_PORT`` / ``DASHBOARD_METRIC_PORT`` (head), and
-    ``--dashboard-agent-listen-port`` on every node (default 52365 collides
-    even between different node IPs, because the agent also binds 127.0.0.1).
+    Every port Ray can choose itself stays unset (node manager, object manager, dashboard agent gRPC,
+    runtime-env agent) and core worker ports come from the OS (``--min-worker-port=0
+    --max-worker-port=0``, as ``ray.cluster_utils`` does), so none of them can collide. The ports that cannot
+    be 0, or whose default is a fixed number that collides between two nodes on one host, get
+    ``free_port()``: the head's GCS ``--port``, ``--ray-client-server-port`` (Ray rejects 0),
+    ``--dashboard-port`` and the env ``AUTOSCALER_METRIC_PORT`` / ``DASHBOARD_METRIC_PORT`` (head), and
+    ``--dashboard-agent-listen-port`` on every node (default 52365 collides even between different node IPs,
+    because the agent also binds 127.0.0.1). ``--metrics-export-port`` gets one too, although Ray could
+    choose it: the agent must know it to read its node's GPU load (:mod:`.ray_load`).
 
 ``hash_jobid``
     A block of :data:`HASH_BLOCK_SIZE` consecutive ports, stable across
