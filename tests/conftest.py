@@ -23,3 +23,46 @@ if str(ROOT) not in sys.path:
 if (ROOT / "integration" / "conftest.py").exists():
     from integration.conftest import slurm_lab, sshd  # noqa: E402,F401 - re-exported fixtures
 
+
+
+# ---------------------------------------------------------------- a guard on the test process's signals
+import signal as _signal  # noqa: E402
+import warnings as _warnings  # noqa: E402
+
+import pytest as _pytest  # noqa: E402
+
+_GUARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP)
+
+
+def _blocked_or_ignored() -> dict[str, set[int]]:
+    """Which guarded signals this process's main thread blocks, and which it ignores (they pass to children)."""
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("SigBlk", "SigIgn"):
+            bits = int(value.strip(), 16)
+            fields[key] = {int(s) for s in _GUARDED if bits >> (int(s) - 1) & 1}
+    return fields
+
+
+@_pytest.fixture(autouse=True)
+def _signals_left_as_found(request):
+    """A test that leaves SIGTERM (or SIGINT, SIGHUP) blocked or ignored in the test
+    process would hand that to every process a later test starts: ``sleep``, a
+    stand-in ``ray start``, a real agent would then outlive their SIGTERM and
+    be SIGKILLed (twice seen in CI as a report of killed processes). The guard
+    puts the signals back and names the test in a warning."""
+    before = _blocked_or_ignored()
+    yield
+    after = _blocked_or_ignored()
+    blocked = after.get("SigBlk", set()) - before.get("SigBlk", set())
+    ignored = after.get("SigIgn", set()) - before.get("SigIgn", set())
+    if blocked:
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, blocked)
+    for signum in ignored:
+        if signum != _signal.SIGINT:       # pytest owns SIGINT's handler
+            _signal.signal(signum, _signal.SIG_DFL)
+    if blocked or ignored:
+        names = ", ".join(sorted(_signal.Signals(s).name for s in blocked | ignored))
+        _warnings.warn(f"{request.node.nodeid} left {names} blocked or ignored in the test process; put back",
+                       stacklevel=1)
