@@ -19,10 +19,9 @@ and :class:`GpuSampler` (a small thread) are the effects.
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -102,13 +101,35 @@ class UsageMeter:
         return replace(self, usage=usage, last_at=now)
 
 
+MAX_PAGE_BYTES = 4 * 1024 * 1024
+
+
 def read_gpu_load(port: int, host: str = "127.0.0.1", timeout: float = READ_TIMEOUT) -> GpuLoad | None:
-    """One look at the node's metrics page; None when it cannot be read or has no GPU lines."""
+    """One look at the node's metrics page; None when it cannot be read or has no GPU lines.
+
+    A bare HTTP/1.0 GET on a socket: ``urllib`` would pull ``http.client``
+    and ``email`` into every agent (tests/test_agent_start_imports.py keeps
+    the agent's imports lean), for one request to a local page.
+    """
+    deadline = time.monotonic() + timeout
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as answer:
-            return parse_gpu_load(answer.read(4 * 1024 * 1024).decode("utf-8", "replace"))
-    except (OSError, urllib.error.URLError, ValueError):
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            conn.sendall(f"GET /metrics HTTP/1.0\r\nHost: {host}:{port}\r\nAccept: text/plain\r\n\r\n".encode())
+            chunks, size = [], 0
+            while size <= MAX_PAGE_BYTES:
+                conn.settimeout(max(deadline - time.monotonic(), 0.01))
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+    except OSError:
         return None
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split()
+    if len(status) < 2 or status[1] != b"200":
+        return None
+    return parse_gpu_load(body.decode("utf-8", "replace"))
 
 
 class GpuSampler:
