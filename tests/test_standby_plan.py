@@ -8,10 +8,18 @@ that records the requests it would send.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
 from contextlib import contextmanager
 from types import MappingProxyType
 
 import pytest
+
+from elastic_ray.protocol.disk import event_log
+from elastic_ray.protocol.disk.events import EventKind
 
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.head import standby
@@ -222,6 +230,7 @@ class FakeSession:
 
     def __init__(self, record, answer, published, launcher=ON):
         self.rec, self.answer, self.published, self.launcher = record, answer, published, launcher
+        self.dir = SimpleNamespace(path=Path(tempfile.mkdtemp(prefix="standby-plan-")))   # its event log
         self.sent: list = []
         self.fail = False
 
@@ -249,6 +258,9 @@ def test_the_keeper_places_drops_and_looks_again_soon_while_on_its_way():
     assert s.sent == [("tcp://10.0.0.2:4010", "drop_standby", {"job": "10"}),
                       ("tcp://10.0.0.2:4011", "standby_head", {"job": "11"})]
     assert k.next_at == NOW + RECHECK_SOON and not k.due(NOW + 1)
+    placed = [(e.kind, e.job) for e in event_log.read(s.dir.path).events]
+    shutil.rmtree(s.dir.path)
+    assert placed == [(EventKind.STANDBY_PLACED, "11")]      # the history has the placing, not the drop
 
 
 def test_the_keeper_once_settled_waits_for_the_next_check():
