@@ -119,11 +119,11 @@ def test_the_command_prints_a_table_with_the_run_total(tmp_path):
     assert any(line.split()[:3] == ["job", "role", "partition"] and "GPU-hours held" in line for line in lines)
     rows = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in ("100", "101",
                                                                                                     "102", "run")}
-    assert rows["100"] == ["100", "head", "cpu", "1", "0.99", "0.00", "failed"]
+    assert rows["100"] == ["100", "head", "cpu", "1", "0.99", "0.00", "?", "failed"]     # no agent measured: "?"
     assert rows["101"][:4] == ["101", "worker", "gpu", "2"] and rows["101"][-1] == "live"
     assert rows["101"][4:6] == ["3.00", "12.00"]       # 2 nodes x 1.5 h x 4 GPUs (to the second: the clock moved)
-    assert rows["102"] == ["102", "worker", "gpu-a", "1", "0.42", "0.85", "removed"]
-    assert rows["run"] == ["run", "4", "4.42", "12.85"]
+    assert rows["102"] == ["102", "worker", "gpu-a", "1", "0.42", "0.85", "?", "removed"]
+    assert rows["run"] == ["run", "4", "4.42", "12.85", "?"]
 
 
 def test_the_command_s_json(tmp_path):
@@ -142,3 +142,29 @@ def test_a_missing_session_is_a_usage_error(tmp_path, json_flag):
     assert result.exit_code == 2 and "no such directory" in result.output
     if json_flag:
         assert json.loads(result.stdout)["error"]["type"] == "usage"
+
+
+def test_idle_gpu_hours_are_what_the_agents_measured_and_partial_when_some_did_not():
+    from elastic_ray.history.runs import build
+    from elastic_ray.history.usage import usage
+    from elastic_ray.protocol.disk.events import Event, EventKind as K, EventSource as S
+
+    t0 = 1_796_000_000.0
+
+    def ev(at, kind, job, node=None, **details):
+        return Event(at=t0 + at, kind=kind, by=S.AGENT if node else S.COORDINATOR, job=job, node=node, details=details)
+
+    events = [ev(0, K.SUBMITTED, "7", role="worker", partition="gpu", nodes=2, gpus_per_node=4),
+              ev(10, K.STARTED, "7", "g1"), ev(10, K.STARTED, "7", "g2"),
+              # g1 left after 2 h, 3 of its 8 GPU-hours idle; g2 is still in the run (its node file says 1 h idle)
+              ev(7210, K.NODE_LEFT, "7", "g1", state="LEFT", gpu_held_seconds=28800.0, gpu_idle_seconds=10800.0),
+              ev(20, K.SUBMITTED, "8", role="worker", partition="gpu", nodes=1, gpus_per_node=2),
+              ev(30, K.STARTED, "8", "h1"), ev(3630, K.NODE_LEFT, "8", "h1", state="LEFT")]   # an older agent: no figures
+    history = build(events, now=t0 + 7210)
+    measured = usage(history, {("7", "g2"): 3600.0})
+    by_job = {row.job: row for row in measured.allocations}
+    assert by_job["7"].gpu_hours_idle == pytest.approx(4.0) and not by_job["7"].partial
+    assert by_job["8"].gpu_hours_idle is None and not by_job["8"].partial
+    assert measured.gpu_hours_idle == pytest.approx(4.0)
+    without_g2 = {row.job: row for row in usage(history).allocations}
+    assert without_g2["7"].gpu_hours_idle == pytest.approx(3.0) and without_g2["7"].partial

@@ -18,10 +18,12 @@ import click
 from rich import box
 from rich.table import Table
 
-from ..atomic import atomic_write_bytes
+from ..atomic import atomic_write_bytes, read_record
 from ..history.runs import RunHistory, build
 from ..history.usage import RunUsage, usage
 from ..protocol.disk import event_log, paths
+from ..errors import ElasticRayError
+from ..protocol.disk.records import NodeState
 from .output import JSON_OPTION, JsonCommand, echo_json, err_console, failures_as_click, out_console, session_directory
 
 _DIR = click.argument("directory", metavar="[DIR]", required=False,
@@ -43,6 +45,23 @@ def read_history(path: Path) -> tuple[RunHistory, int]:
     """The run's history as of now, and how many lines of its log could not be read."""
     reading = event_log.read(path)
     return build(reading.events, time.time()), sum(reading.skipped.values())
+
+
+def live_idle(path: Path, history: RunHistory) -> dict[tuple[str, str], float]:
+    """GPU-seconds idle of the nodes still in the run, from their node files (where their agents keep them).
+
+    A node file that is missing or unreadable just leaves that node unmeasured."""
+    found: dict[tuple[str, str], float] = {}
+    for interval in history.nodes:
+        if not interval.open:
+            continue
+        try:
+            state = read_record(paths.node_state_file(path, interval.job, interval.node), NodeState.from_dict)
+        except (OSError, ValueError, ElasticRayError):
+            continue
+        if state.gpu_usage is not None:
+            found[(interval.job, interval.node)] = state.gpu_usage.idle_gpu_seconds
+    return found
 
 
 def _warn_skipped(skipped: int) -> None:
@@ -78,7 +97,7 @@ def timeline_cmd(directory: Path | None, output: Path, as_json: bool) -> None:
     history, skipped = read_history(path)
     if not as_json:
         _warn_skipped(skipped)
-    data = render(history, fmt, title=title_of(history), skipped=skipped)
+    data = render(history, fmt, title=title_of(history), skipped=skipped, live_idle=live_idle(path, history))
     atomic_write_bytes(output, data, mode=0o644, durable=False)
     if as_json:
         echo_json("session timeline", {"output": str(output), "format": fmt, "bytes": len(data),
@@ -89,19 +108,19 @@ def timeline_cmd(directory: Path | None, output: Path, as_json: bool) -> None:
 
 def usage_table(figures: RunUsage) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("job", "role", "partition", "nodes", "node-hours", "GPU-hours held", "ended"):
-        table.add_column(column, justify="right" if column in ("nodes", "node-hours", "GPU-hours held") else "left",
-                         no_wrap=True)
+    figures_columns = ("nodes", "node-hours", "GPU-hours held", "GPU-hours idle")
+    for column in ("job", "role", "partition", *figures_columns, "ended"):
+        table.add_column(column, justify="right" if column in figures_columns else "left", no_wrap=True)
 
     def figure(value: float | None) -> str:
         return "?" if value is None else f"{value:.2f}"
 
     for row in figures.allocations:
         table.add_row(row.job, row.role or "?", row.partition or "?", str(row.nodes), figure(row.node_hours),
-                      figure(row.gpu_hours_held), "live" if row.live else row.ended_how or "?")
+                      figure(row.gpu_hours_held), figure(row.gpu_hours_idle), "live" if row.live else row.ended_how or "?")
     table.add_section()
     table.add_row("run", "", "", str(sum(r.nodes for r in figures.allocations)), figure(figures.node_hours),
-                  figure(figures.gpu_hours_held), "")
+                  figure(figures.gpu_hours_held), figure(figures.gpu_hours_idle), "")
     return table
 
 
@@ -112,14 +131,15 @@ def usage_table(figures: RunUsage) -> Table:
 def usage_cmd(directory: Path | None, as_json: bool) -> None:
     """What the run held, per allocation and in total: node-hours (each node
     from its agent's start to its leaving; a live one up to now) and GPU-hours
-    held (node-hours times GPUs per node).
+    held (node-hours times GPUs per node) and idle (held while no Ray task or
+    actor had them, as each node's agent measured it once a minute).
 
     "?" is a figure the event log does not tell (its oldest lines may be
     gone); "live" an allocation that has not ended.
     """
     path = session_path(directory)
     history, skipped = read_history(path)
-    figures = usage(history)
+    figures = usage(history, live_idle(path, history))
     if as_json:
         fields: dict[str, Any] = {"session": str(path), "now": round(history.now, 3), **figures.to_dict(),
                                   "skipped_lines": skipped}

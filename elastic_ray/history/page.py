@@ -129,7 +129,8 @@ def render_page(history: RunHistory, figures: RunUsage, svg: str, *, title: str,
             f"<h2>Allocations</h2>{allocations_table(history)}"
             f"<h2>Usage</h2>{usage_table(figures)}"
             '<p class="note">Node-hours count each node from its agent\'s start to its leaving. '
-            "Idle GPU-hours need GPU samples from the agents, which this run's log does not have.</p>"
+            "GPU-hours idle: held while no Ray task or actor had them, as each node's agent measured it "
+            "once a minute (- where no agent measured).</p>"
             f"{_runs_tables(history)}"
             f"<h2>Events</h2>{events_table(history)}"
             "</body></html>\n")

@@ -98,6 +98,7 @@ class NodeInterval:
     left_reason: str | None = None
     left_state: str | None = None       # the agent's final state: LEFT, RELEASED, FAILED
     open: bool = False
+    gpu_idle_seconds: float | None = None   # measured by the agent (node_left), None when it was not
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,10 @@ class _Builder:
                 if self.nodes[index].draining_at is None:
                     self.set_node(index, draining_at=at)
         elif kind is EventKind.NODE_LEFT and node is not None:
-            self.close_node(job, node, at, left_reason=event.reason, left_state=_text(details, "state"))
+            idle = details.get("gpu_idle_seconds")
+            self.close_node(job, node, at, left_reason=event.reason, left_state=_text(details, "state"),
+                            gpu_idle_seconds=float(idle) if isinstance(idle, (int, float))
+                            and not isinstance(idle, bool) and idle >= 0 else None)
         elif kind in (EventKind.REMOVED, EventKind.FAILED):
             if self.allocation(job).ended_at is None:
                 self.update(job, ended_at=at, ended_how=Ending.REMOVED if kind is EventKind.REMOVED else Ending.FAILED,

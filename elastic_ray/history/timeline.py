@@ -15,6 +15,8 @@ through pyplot's global state, so a long-lived process can draw many.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import datetime as dt
 import io
 from dataclasses import dataclass
@@ -198,7 +200,8 @@ def _legend(patches: Any) -> list[Any]:
     return handles
 
 
-def render(history: RunHistory, fmt: str, *, title: str = "elastic-ray run", skipped: int = 0) -> bytes:
+def render(history: RunHistory, fmt: str, *, title: str = "elastic-ray run", skipped: int = 0,
+           live_idle: Mapping[tuple[str, str], float] | None = None) -> bytes:
     """The timeline as the bytes of a ``png``, ``svg`` or ``html`` file."""
     if fmt not in ("html", "png", "svg"):
         raise TimelineError(f"fmt: {fmt!r} is not one of html, png, svg")
@@ -213,7 +216,7 @@ def render(history: RunHistory, fmt: str, *, title: str = "elastic-ray run", ski
     svg = buffer.getvalue().decode()
     if fmt == "svg":
         return svg.encode()
-    return render_page(history, usage(history), svg, title=title, skipped=skipped).encode()
+    return render_page(history, usage(history, live_idle), svg, title=title, skipped=skipped).encode()
 
 
 def title_of(history: RunHistory) -> str:

@@ -11,15 +11,20 @@ one with neither counts nothing, and its allocation is marked ``partial``
 
 GPU-hours held are node-hours times the allocation's ``gpus_per_node``.
 
-Idle GPU-hours (held while no GPU did work) need per-node GPU utilisation
-samples, which the agents do not write to the event log: until a run's log
-has such samples, ``gpu_hours_idle`` is ``None``, never a guess.
+Idle GPU-hours are measured, never guessed: each agent on a node with GPUs
+reads Ray's own view of them once a minute (``agent/node/ray_load``: GPUs
+no task or actor holds) and writes the GPU-seconds idle in its
+``node_left`` line; a node still in the run has them in its node file, which
+the caller passes as ``live_idle``. An allocation none of whose nodes was
+measured has ``gpu_hours_idle`` None; one with some nodes unmeasured sums
+what was measured and is ``partial``.
 
 Pure: figures from a :class:`~.runs.RunHistory`, no file or clock.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,22 +90,32 @@ class RunUsage:
                           "gpu_hours_idle": _round(self.gpu_hours_idle), "partial": self.partial}}
 
 
-def allocation_usage(allocation: Allocation, nodes: tuple[NodeInterval, ...]) -> AllocationUsage:
+def allocation_usage(allocation: Allocation, nodes: tuple[NodeInterval, ...],
+                     live_idle: Mapping[tuple[str, str], float] | None = None) -> AllocationUsage:
     seconds = [node_seconds(n) for n in nodes]
     node_hours = sum(s for s in seconds if s is not None) / HOUR
     gpus = allocation.gpus_per_node
+    idle = [n.gpu_idle_seconds if n.gpu_idle_seconds is not None else (live_idle or {}).get((n.job, n.node))
+            for n in nodes]
+    measured = [i for i in idle if i is not None]
+    unmeasured = bool(gpus) and len(measured) < len(idle)
     return AllocationUsage(
         job=allocation.job, role=None if allocation.role is None else allocation.role.value,
         partition=allocation.partition, nodes=len({n.node for n in nodes}),
         nodes_requested=allocation.nodes_requested, gpus_per_node=gpus, node_hours=node_hours,
-        gpu_hours_held=None if gpus is None else node_hours * gpus, gpu_hours_idle=None,
+        gpu_hours_held=None if gpus is None else node_hours * gpus,
+        gpu_hours_idle=sum(measured) / HOUR if measured else None,
         ended_how=None if allocation.ended_how is None else allocation.ended_how.value, live=allocation.live,
-        partial=None in seconds or (gpus is None and bool(nodes)))
+        partial=None in seconds or (gpus is None and bool(nodes)) or (unmeasured and bool(measured)))
 
 
-def usage(history: RunHistory) -> RunUsage:
-    """Every allocation's figures, in the history's order, and the run's sums."""
-    rows = tuple(allocation_usage(a, history.nodes_of(a.job)) for a in history.allocations)
+def usage(history: RunHistory, live_idle: Mapping[tuple[str, str], float] | None = None) -> RunUsage:
+    """Every allocation's figures, in the history's order, and the run's sums.
+
+    ``live_idle``: GPU-seconds idle of nodes still in the run, by (job, node), from their node files."""
+    rows = tuple(allocation_usage(a, history.nodes_of(a.job), live_idle) for a in history.allocations)
+    idle = [r.gpu_hours_idle for r in rows if r.gpu_hours_idle is not None]
     return RunUsage(allocations=rows, node_hours=sum(r.node_hours for r in rows),
-                    gpu_hours_held=sum(r.gpu_hours_held or 0.0 for r in rows), gpu_hours_idle=None,
+                    gpu_hours_held=sum(r.gpu_hours_held or 0.0 for r in rows),
+                    gpu_hours_idle=sum(idle) if idle else None,
                     partial=any(r.partial for r in rows))
