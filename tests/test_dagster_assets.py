@@ -68,6 +68,10 @@ def test_cpu_head_pipes_metadata_and_waiting_for_an_added_worker(session_root, t
     assert meta["committed_now"] == 6 and meta["already_committed"] == 0
     assert meta["cpus_seen"] >= 3, meta          # the added worker's CPU joined (2 + 1)
     assert meta["elastic_ray/head_job"]          # our own metadata rides along
+    # ...with what the run held so far (a CPU head and CPU workers: node-hours, no GPU-hours).
+    assert 0 < meta["elastic_ray/node_hours"] < 1 and meta["elastic_ray/gpu_hours_held"] == 0
+    assert meta["elastic_ray/head_moves"] == 0 and "elastic_ray/gpu_hours_idle" not in meta
+    assert meta["elastic_ray/timeline"].startswith("elastic-ray session timeline ")
     assert sorted(committed_units(commits)) == list(range(6))
     # The queue rule: the first worker took the queue's walltime; the added one
     # inherits the first as resolved (walltime, memory) but keeps its own CPUs.
@@ -108,6 +112,7 @@ def test_seed_failover_loop_commits_every_unit_once(session_root, tmp_path):
     assert sorted(units) == list(range(total)), "every unit committed exactly once"
     meta = materialization_metadata(result, "robust")
     assert meta["already_committed"] >= 4 and meta["already_committed"] + meta["committed_now"] == total
+    assert meta["elastic_ray/head_moves"] == len(failovers)      # the metadata counts the head's moves
     wait_until(lambda: all_jobs_final(session_root), timeout=60, message="run's jobs ended")
 
 

@@ -8,11 +8,9 @@ as a missing lab or mkdocs does.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -27,12 +25,13 @@ from elastic_ray.config.session_file import SESSION_ENV
 from elastic_ray.history.runs import build
 from elastic_ray.history.timeline import TimelineError, output_format, render
 from elastic_ray.protocol.disk import event_log
+from tests.browser import near, need_chromium, png_colours, run_chromium
 from tests.history_events import NOW, T0, K, ev, scenario
 
 pytestmark = pytest.mark.timeout(180)
 if os.environ.get("CI") != "true":           # in CI a missing extra fails the import below instead
     pytest.importorskip("matplotlib", reason="the timeline extra is not installed (pip install -e '.[timeline]')")
-from matplotlib import image as mpimg  # noqa: E402
+import matplotlib  # noqa: E402,F401 - the extra must be there (see above)
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "timeline-sample.png"
@@ -49,14 +48,7 @@ def _session(tmp_path: Path, events) -> Path:
     return directory
 
 
-def _colours(png: bytes) -> set[tuple[int, int, int]]:
-    pixels = mpimg.imread(io.BytesIO(png), format="png")
-    rgb = (pixels[..., :3] * 255).round().astype("uint8").reshape(-1, 3)
-    return {tuple(int(c) for c in p) for p in set(map(tuple, rgb.tolist()))}
-
-
-def _near(colours: set[tuple[int, int, int]], want: tuple[int, int, int], slack: int = 6) -> bool:
-    return any(all(abs(a - b) <= slack for a, b in zip(c, want)) for c in colours)
+_colours, _near = png_colours, near
 
 
 # =============================================================== the format
@@ -194,41 +186,12 @@ def test_without_matplotlib_usage_works_and_timeline_says_what_to_install(tmp_pa
 
 # =============================================================== a real browser
 
-CHROMIUM = shutil.which("chromium")
-
-
-def _chromium(profile: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    """Run chromium headless in a process group of its own, and end that group, whatever happens.
-
-    Chromium leaves helpers (its crash handler, zygotes) that may outlive
-    the browser; killing the group we created ends them and nothing else.
-    """
-    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-               "--no-default-browser-check", "--disable-extensions", f"--user-data-dir={profile}", *args]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"chromium did not finish in {timeout:.0f}s: {' '.join(command)}\n{err.decode()[-2000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if proc.poll() is None:
-            proc.wait(10)
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+_chromium = run_chromium
 
 
 @pytest.fixture
 def chromium():
-    if CHROMIUM is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("chromium is not installed (scripts/bootstrap installs Debian's chromium)", pytrace=False)
-        pytest.skip("chromium is not installed (apt-get install chromium; scripts/bootstrap does it)")
-    return CHROMIUM
+    return need_chromium()
 
 
 def test_the_page_in_a_real_headless_browser(tmp_path, chromium):

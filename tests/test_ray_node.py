@@ -451,7 +451,7 @@ def test_attach_refuses_a_session_whose_leader_is_another_process():
         mine = RayNode.attach(proc.pid, ctime)
         assert {p.pid for p in mine.members()} == set(session_pids(proc.pid))
         report = mine.stop(grace=2)
-        assert report.killed == () and not session_pids(proc.pid) and mine.members() == []
+        assert report.killed == () and not session_pids(proc.pid) and mine.members() == [], report
     finally:
         for pid in session_pids(proc.pid):
             if psutil.Process(pid).create_time() >= ctime - 0.05:
@@ -467,6 +467,8 @@ def test_stop_kills_what_ignores_sigterm():
         report = node.stop(grace=1.0)
         assert report.seconds < 3.5
         assert report.killed, "the shell ignores SIGTERM and needs SIGKILL"
+        # Why it needed it, read from /proc before the SIGKILL: the shell ignored SIGTERM.
+        assert any(w.endswith("sigterm=ignored") for w in report.why_killed), report.why_killed
         assert not session_pids(proc.pid)
     finally:
         for pid in session_pids(proc.pid):

@@ -8,6 +8,7 @@ environment so a batch script stays one line.
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -79,6 +80,7 @@ def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str 
     from ..protocol.disk import paths
     from ..protocol.disk.records import check_job_id
     from .runner import Agent, AgentOptions
+    from .slurm.signal_drain import DRAIN_SIGNALS
 
     try:
         check_job_id(job_id, "--job")
@@ -101,6 +103,9 @@ def run(session_dir: Path, job_id: str, role: str, spec: Path | None, node: str 
                                    rejoin_order=rejoin_order))
     except (ElasticRayError, ValueError, OSError) as exc:
         raise click.ClickException(f"cannot start the agent: {exc}") from None
+    # A parent that started us with the drain signals blocked or ignored (both pass through fork and
+    # exec) would keep this agent from draining and every `ray start` from stopping: take them back.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, DRAIN_SIGNALS)
     sys.exit(agent.run())
 
 

@@ -10,7 +10,6 @@ that names no format) is refused before anything is read or written, exit 2.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,11 @@ import click
 from rich import box
 from rich.table import Table
 
-from ..atomic import atomic_write_bytes, read_record
-from ..history.runs import RunHistory, build
+from ..atomic import atomic_write_bytes
+from ..history.read import live_idle, read_history
+from ..history.runs import RunHistory
 from ..history.usage import RunUsage, usage
-from ..protocol.disk import event_log, paths
-from ..errors import ElasticRayError
-from ..protocol.disk.records import NodeState
+from ..protocol.disk import paths
 from .output import JSON_OPTION, JsonCommand, echo_json, err_console, failures_as_click, out_console, session_directory
 
 _DIR = click.argument("directory", metavar="[DIR]", required=False,
@@ -39,29 +37,6 @@ def session_path(directory: Path | None) -> Path:
         raise click.BadParameter(f"{path}: not a session directory (it has no {paths.session_file(path).name})",
                                  param_hint="DIR")
     return path
-
-
-def read_history(path: Path) -> tuple[RunHistory, int]:
-    """The run's history as of now, and how many lines of its log could not be read."""
-    reading = event_log.read(path)
-    return build(reading.events, time.time()), sum(reading.skipped.values())
-
-
-def live_idle(path: Path, history: RunHistory) -> dict[tuple[str, str], float]:
-    """GPU-seconds idle of the nodes still in the run, from their node files (where their agents keep them).
-
-    A node file that is missing or unreadable just leaves that node unmeasured."""
-    found: dict[tuple[str, str], float] = {}
-    for interval in history.nodes:
-        if not interval.open:
-            continue
-        try:
-            state = read_record(paths.node_state_file(path, interval.job, interval.node), NodeState.from_dict)
-        except (OSError, ValueError, ElasticRayError):
-            continue
-        if state.gpu_usage is not None:
-            found[(interval.job, interval.node)] = state.gpu_usage.idle_gpu_seconds
-    return found
 
 
 def _warn_skipped(skipped: int) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dagster import (
+    MetadataValue,
     PipesClientCompletedInvocation,
     PipesEnvContextInjector,
     PipesFileMessageReader,
@@ -25,7 +26,9 @@ from dagster import (
 
 from .. import defaults
 from ..coordinator.session import Session
+from ..history.read import run_usage
 from ..protocol.disk import paths
+from ..protocol.disk.events import EventKind
 from .run_session import RunSession
 
 
@@ -85,4 +88,30 @@ def run_pipes_payload(
         result = driver.wait(timeout=timeout)
     return PipesClientCompletedInvocation(pipes, metadata={
         "elastic_ray/head_job": head.job_id, "elastic_ray/session": str(run_session.path),
-        "elastic_ray/driver_seconds": round(result.seconds, 3)})
+        "elastic_ray/driver_seconds": round(result.seconds, 3), **usage_metadata(run_session.path)})
+
+
+def usage_metadata(session: Path) -> dict[str, Any]:
+    """What the run held so far, from its event log, as materialization metadata.
+
+    Node-hours, GPU-hours held and idle (and the idle share), head moves, and
+    the command that draws the timeline (a file per step would cost a
+    matplotlib render each time, and the run is still going). A log that
+    cannot be read costs the figures, never the step.
+    """
+    try:
+        history, figures = run_usage(session)
+    except (OSError, ValueError) as exc:
+        return {"elastic_ray/usage_error": str(exc)[:200]}
+    held, idle = figures.gpu_hours_held, figures.gpu_hours_idle
+    out: dict[str, Any] = {
+        "elastic_ray/node_hours": round(figures.node_hours, 4),
+        "elastic_ray/gpu_hours_held": round(held, 4),
+        "elastic_ray/head_moves": sum(1 for e in history.events if e.kind is EventKind.HEAD_MOVED),
+        "elastic_ray/timeline": MetadataValue.text(f"elastic-ray session timeline {session} --output run.html"),
+    }
+    if idle is not None:
+        out["elastic_ray/gpu_hours_idle"] = round(idle, 4)
+        if held > 0:
+            out["elastic_ray/gpu_idle_share"] = round(idle / held, 4)
+    return out

@@ -187,7 +187,8 @@ class LocalRay:
     def stop(self, handle: RayHandle, graceful: bool) -> None:
         report = handle.node.stop(grace=5.0) if graceful else handle.node.kill()
         self._log("ray_stopped", graceful=graceful, seconds=f"{report.seconds:.2f}",
-                  killed=",".join(report.killed) or "-")
+                  killed=",".join(report.killed) or "-", **({"why_killed": "; ".join(report.why_killed)}
+                                                            if report.why_killed else {}))
         # Ray's per-node files (sockets, spilled objects, its own logs) are
         # of no use once the node is gone; our log of `ray start` is kept.
         shutil.rmtree(handle.temp_dir, ignore_errors=True)

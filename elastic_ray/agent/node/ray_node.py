@@ -89,6 +89,28 @@ class StopReport:
     killed: tuple[str, ...]
     exit_code: int | None
     phases: dict[str, float] = field(default_factory=dict)
+    #: For each process that outlived its SIGTERM: its state and what it did with SIGTERM
+    #: (``sleep[12] state=S sigterm=blocked``), read from /proc just before the SIGKILL.
+    why_killed: tuple[str, ...] = ()
+
+
+def sigterm_state(pid: int) -> str:
+    """``state=<S> sigterm=<default|blocked|ignored|caught>`` of a process, from /proc ("" once it is gone)."""
+    try:
+        lines = open(f"/proc/{pid}/status", encoding="ascii", errors="replace").read().splitlines()
+    except OSError:
+        return ""
+    fields = {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    bit = 1 << (signal.SIGTERM - 1)
+
+    def has(key: str) -> bool:
+        try:
+            return bool(int(fields.get(key, "0"), 16) & bit)
+        except ValueError:
+            return False
+
+    how = "blocked" if has("SigBlk") else "ignored" if has("SigIgn") else "caught" if has("SigCgt") else "default"
+    return f"state={fields.get('State', '?').split()[0]} sigterm={how}"
 
 
 class RayNode:
@@ -379,6 +401,7 @@ class RayNode:
         phases = [("raylet", raylets), ("others", others), ("gcs_server", gcs), ("ray start", launcher)]
         timings: dict[str, float] = {}
         forced: list[str] = []
+        why: list[str] = []
         for index, (label, group) in enumerate(phases):
             if not group:
                 continue
@@ -394,12 +417,13 @@ class RayNode:
             left = self._wait_gone(group, time.monotonic() + wait)
             if left:
                 forced.extend(f"{_name(p) or label}[{p.pid}]" for p in left)
+                why.extend(f"{_name(p) or label}[{p.pid}] {sigterm_state(p.pid)}" for p in left)
                 self._signal(left, signal.SIGKILL)
                 self._wait_gone(left, time.monotonic() + 2.0)
             timings[label] = time.monotonic() - phase_start
         killed = tuple(forced) + self._kill_until_empty(time.monotonic())
         return StopReport(seconds=time.monotonic() - started, killed=killed, exit_code=self.poll_exit(),
-                          phases=timings)
+                          phases=timings, why_killed=tuple(why))
 
     def kill(self) -> StopReport:
         """SIGKILL the whole node at once: for a node whose head is gone (a drain
