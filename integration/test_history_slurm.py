@@ -72,8 +72,8 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
         # All four GPUs of gpu-a while a holds two: it pends, and Slurm says why.
         big = session.add_worker_allocation(SlurmWorkerAllocationConfig(
             partition="gpu-a", num_nodes=1, gpus_per_node=4, cpus_per_task=1, mem="1G", time_limit="20"))
-        wait_until(lambda: session.query([big.job_id])[big.job_id].state.value == "PENDING", timeout=30,
-                   message="the big allocation did not pend")
+        wait_until(lambda: session.query([big.job_id])[big.job_id].reason not in ("", "None"), timeout=60,
+                   message="Slurm gave the big allocation no reason to pend")
         assert session.remove_worker_allocation(big, drain_timeout=30) == "CANCELLED"
         time.sleep(3)                                   # b holds its GPU a few samples long
         t_remove_b = time.time()
@@ -107,7 +107,8 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
         assert story_b == sorted(story_b)
         assert events[story_b[-1]].details["state"] == "COMPLETED"
         pending = events[first(K.PENDING, big.job_id, C)]
-        assert pending.reason and pending.reason != "pending", pending    # Slurm's own reason, e.g. Resources
+        assert pending.reason not in (None, "", "None", "pending"), pending    # Slurm's own reason, e.g. Resources
+        assert events[first(K.FAILED, first_head, C)].details["state"] in ("CANCELLED", "COMPLETING")
         assert events[first(K.REMOVED, big.job_id, C)].details["state"] == "CANCELLED"
         move = [first(K.ELECTION_STARTED, None), first(K.ELECTION_WON, a.job_id), first(K.HEAD_MOVED, a.job_id)]
         assert move == sorted(move) and events[move[0]].details["previous"] == first_head
@@ -129,6 +130,7 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
         assert idle_b is not None and 0 < idle_b <= rows[b.job_id]["gpu_hours_held"]   # no task asked for it
         assert rows[big.job_id]["node_hours"] == 0 and rows[a.job_id]["live"]
         assert rows[first_head]["node_hours"] > 0 and rows[first_head]["role"] == "head"
+        assert rows[first_head]["ended_how"] == "failed" and not rows[first_head]["live"]
         table = _cli("usage", str(session.path)).stdout
 
         # ------------------------------------------------ the timeline, drawn by the command, opened in chromium

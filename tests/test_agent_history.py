@@ -64,6 +64,9 @@ P, R = JobState.PENDING, JobState.RUNNING
     ({"1": _job("1", P, "Resources")}, {"1": _job("1", P, "Priority")}, {}, [("1", "Priority")], {"1": "Priority"}),
     ({}, {"1": _job("1", P, "Priority")}, {"1": "Priority"}, [], {"1": "Priority"}),   # the stored answer was forgotten
     ({}, {"1": _job("1", P)}, {}, [("1", "pending")], {"1": "pending"}),              # no reason given
+    ({}, {"1": _job("1", P, "None")}, {}, [], {"1": "None"}),                          # Slurm has not looked yet
+    ({"1": _job("1", P, "None")}, {"1": _job("1", P, "Resources")}, {"1": "None"}, [("1", "Resources")],
+     {"1": "Resources"}),
     ({"1": _job("1", P, "Resources")}, {"1": _job("1", R)}, {"1": "Resources"}, [], {}),
     ({"1": _job("1", R)}, {"1": _job("1", P, "BeginTime")}, {}, [("1", "BeginTime")], {"1": "BeginTime"}),  # requeued
     ({}, {"2": _job("2", P, "A"), "1": _job("1", P, "B")}, {}, [("1", "B"), ("2", "A")], {"1": "B", "2": "A"}),

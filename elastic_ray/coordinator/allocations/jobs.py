@@ -53,6 +53,9 @@ def pending_news(previous: Mapping[str, JobInfo], listed: Mapping[str, JobInfo],
             seen.pop(job, None)
             continue
         reason = info.reason or "pending"
+        if reason == "None":         # Slurm has not looked at it yet: nothing to tell beyond its submission
+            seen[job] = reason
+            continue
         before = previous.get(job)
         known = before.reason or "pending" if before is not None and before.state is JobState.PENDING \
             else seen.get(job)

@@ -158,6 +158,13 @@ class Failover:
         log.info("event=election session=%s choice=%s why=%r", s.job_name, choice.kind.value, choice.why)
         event_log.emit(s.dir.path, EventKind.ELECTION_STARTED, EventSource.COORDINATOR, reason=choice.why,
                        previous=rec.head_job, choice=choice.kind.value)
+        lost = jobs.get(rec.head_job) if rec.head_job else None
+        if lost is not None and rec.head_job not in rec.workers and (lost.state.is_final or
+                                                                     lost.state.value == "COMPLETING"):
+            # A separate head allocation that ended (a worker allocation's end is recorded by .failures).
+            event_log.emit(s.dir.path, EventKind.FAILED, EventSource.COORDINATOR, job=rec.head_job,
+                           reason=lost.reason if lost.reason not in ("", "None") else lost.state.value,
+                           state=lost.state.value, role="head")
         if progress:
             progress(f"electing: {choice.why}")
         if isinstance(choice, election.HostOnWorker):
