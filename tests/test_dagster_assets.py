@@ -72,6 +72,7 @@ def test_cpu_head_pipes_metadata_and_waiting_for_an_added_worker(session_root, t
     assert 0 < meta["elastic_ray/node_hours"] < 1 and meta["elastic_ray/gpu_hours_held"] == 0
     assert meta["elastic_ray/head_moves"] == 0 and "elastic_ray/gpu_hours_idle" not in meta
     assert meta["elastic_ray/timeline"].startswith("elastic-ray session timeline ")
+    print("\nmaterialization metadata:", {k: v for k, v in meta.items() if k.startswith("elastic_ray/")})
     assert sorted(committed_units(commits)) == list(range(6))
     # The queue rule: the first worker took the queue's walltime; the added one
     # inherits the first as resolved (walltime, memory) but keeps its own CPUs.
