@@ -132,6 +132,10 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
         assert rows[first_head]["node_hours"] > 0 and rows[first_head]["role"] == "head"
         assert rows[first_head]["ended_how"] == "failed" and not rows[first_head]["live"]
         table = _cli("usage", str(session.path)).stdout
+        # The lab keeps no accounting (AccountingStorageType=accounting_storage/none): sacct says so, and so do we.
+        sacct = json.loads(_cli("usage", "--sacct", "--json", str(session.path)).stdout)["sacct"]
+        assert sacct == {"accounting": False, "jobs": {}}
+        assert "keeps no job accounting" in _cli("usage", "--sacct", str(session.path)).stderr
 
         # ------------------------------------------------ the timeline, drawn by the command, opened in chromium
         page = tmp_path / "run.html"

@@ -99,11 +99,37 @@ def usage_table(figures: RunUsage) -> Table:
     return table
 
 
+def slurm_accounting(path: Path, jobs: list[str]) -> dict[str, Any] | None:
+    """sacct's figures of the run's jobs, by job; None when the scheduler keeps no accounting."""
+    from ..coordinator.session import Session
+
+    session = Session.open(path, supervise=False)
+    try:
+        found = session.scheduler.accounting(jobs)
+    finally:
+        session.close()
+    return None if found is None else {job: found[job].to_dict() for job in jobs if job in found}
+
+
+def accounting_table(found: dict[str, Any]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Slurm accounting (sacct)")
+    for column in ("job", "state", "elapsed", "nodes", "GPUs", "node-hours", "GPU-hours", "CPU efficiency"):
+        table.add_column(column, justify="left" if column in ("job", "state") else "right", no_wrap=True)
+    for row in found.values():
+        efficiency = "?" if row["cpu_efficiency"] is None else f"{100 * row['cpu_efficiency']:.0f}%"
+        table.add_row(row["job"], row["state"], f"{row['elapsed_seconds']:.0f} s", str(row["nodes"]), str(row["gpus"]),
+                      f"{row['node_hours']:.2f}", f"{row['gpu_hours']:.2f}", efficiency)
+    return table
+
+
 @click.command("usage", cls=JsonCommand)
 @_DIR
 @JSON_OPTION
+@click.option("--sacct", "with_sacct", is_flag=True,
+              help="Also ask Slurm's accounting (one sacct call) for each job's elapsed time, GPUs and CPU "
+                   "efficiency; says so when the cluster keeps no accounting.")
 @failures_as_click
-def usage_cmd(directory: Path | None, as_json: bool) -> None:
+def usage_cmd(directory: Path | None, as_json: bool, with_sacct: bool) -> None:
     """What the run held, per allocation and in total: node-hours (each node
     from its agent's start to its leaving; a live one up to now) and GPU-hours
     held (node-hours times GPUs per node) and idle (held while no Ray task or
@@ -115,9 +141,14 @@ def usage_cmd(directory: Path | None, as_json: bool) -> None:
     path = session_path(directory)
     history, skipped = read_history(path)
     figures = usage(history, live_idle(path, history))
+    accounting: dict[str, Any] | None = None
+    if with_sacct:
+        accounting = slurm_accounting(path, [row.job for row in figures.allocations])
     if as_json:
         fields: dict[str, Any] = {"session": str(path), "now": round(history.now, 3), **figures.to_dict(),
                                   "skipped_lines": skipped}
+        if with_sacct:
+            fields["sacct"] = {"accounting": accounting is not None, "jobs": accounting or {}}
         echo_json("session usage", fields)
         return
     _warn_skipped(skipped)
@@ -125,3 +156,9 @@ def usage_cmd(directory: Path | None, as_json: bool) -> None:
     if figures.partial:
         err_console().print("note: some figures are incomplete: the event log lacks a node's start or an "
                             "allocation's GPU count", markup=False)
+    if with_sacct:
+        if accounting is None:
+            err_console().print("sacct: this cluster keeps no job accounting (AccountingStorageType none, or not "
+                                "Slurm): only the event log's figures", markup=False)
+        else:
+            out_console().print(accounting_table(accounting))

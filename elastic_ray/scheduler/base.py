@@ -9,6 +9,8 @@ about Ray or heads; that is the agent's and the coordinator's job.
 
 from __future__ import annotations
 
+from typing import Any
+
 import enum
 import math
 import os
@@ -215,6 +217,11 @@ class Scheduler(ABC):
 
         Raises ``SchedulerError`` when the request can never be satisfied.
         """
+
+    def accounting(self, job_ids: Iterable[str]) -> "dict[str, Any] | None":
+        """What the scheduler's accounting recorded of these jobs (``slurm_parse.JobAccounting`` by id),
+        or None when it keeps none (Slurm without accounting storage, the local scheduler)."""
+        return None
 
     def time_left(self, info: JobInfo, now: float) -> float | None:
         """Seconds left before the end time, never negative; None if unknown."""

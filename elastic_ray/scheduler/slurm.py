@@ -35,6 +35,9 @@ from .render import render_batch_script
 from .slurm_parse import (
     ACCOUNTING_DISABLED,
     SACCT_FIELDS,
+    USAGE_FIELDS,
+    JobAccounting,
+    parse_usage_output,
     child_env,
     ended_unknown,
     normalise_signal,
@@ -221,6 +224,26 @@ class SlurmScheduler(Scheduler):
         except ValueError as exc:
             log.warning("event=sacct_unreadable job_ids=%s error=%r", ",".join(job_ids), str(exc))
             return {}
+
+    def accounting(self, job_ids: Iterable[str]) -> dict[str, JobAccounting] | None:
+        """sacct's figures of these jobs (elapsed, nodes, GPUs, CPU time); None when accounting is off."""
+        ids = [check_job_id(j) for j in job_ids]
+        if not ids or self._accounting is False:
+            return None if self._accounting is False else {}
+        argv = ["sacct", "-X", "--noheader", "--parsable2", f"--format={','.join(USAGE_FIELDS)}",
+                f"--jobs={','.join(ids)}"]
+        try:
+            proc = self._call(argv)
+        except SchedulerError as exc:
+            if ACCOUNTING_DISABLED in exc.stderr:
+                self._accounting = False
+                return None
+            raise
+        if ACCOUNTING_DISABLED in proc.stdout or ACCOUNTING_DISABLED in proc.stderr:
+            self._accounting = False
+            return None
+        self._accounting = True
+        return parse_usage_output(proc.stdout, ids)
 
     def end_time(self, job_id: str, job_name: str | None = None) -> float | None:
         """The job's end time (expected while it runs, actual once it ended).

@@ -15,6 +15,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from ..config.slurm_values import expand_hostlist, is_job_id, signal_name
 from .base import JobInfo, JobState
@@ -373,3 +374,95 @@ def script_name_prefix(job_name: str, role: str, when: float) -> str:
     in the same second never collide."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
     return f"{job_name}-{role}-{stamp}-"
+
+
+# ---------------------------------------------------------------- accounting (sacct), for usage figures
+
+#: What ``session usage --sacct`` asks of sacct, in this order: seconds elapsed, nodes, what was allocated
+#: (``cpu=4,mem=8G,node=1,gres/gpu=2``), CPU time used and CPU time allocated (both in seconds).
+USAGE_FIELDS = ("JobID", "ElapsedRaw", "NNodes", "AllocTRES", "TotalCPU", "CPUTimeRAW", "State")
+
+
+@dataclass(frozen=True)
+class JobAccounting:
+    """What Slurm's accounting recorded of one job: its own figures, next to the run's event log's."""
+
+    job_id: str
+    state: str
+    elapsed_seconds: float
+    nodes: int
+    gpus: int                   # GPUs allocated to the whole job (AllocTRES gres/gpu)
+    cpu_seconds_used: float | None
+    cpu_seconds_allocated: float | None
+
+    @property
+    def node_hours(self) -> float:
+        return self.elapsed_seconds * self.nodes / 3600.0
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.elapsed_seconds * self.gpus / 3600.0
+
+    @property
+    def cpu_efficiency(self) -> float | None:
+        """CPU time used over CPU time allocated (sacct's TotalCPU / CPUTimeRAW); None when unknown."""
+        if not self.cpu_seconds_allocated or self.cpu_seconds_used is None:
+            return None
+        return self.cpu_seconds_used / self.cpu_seconds_allocated
+
+    def to_dict(self) -> dict[str, object]:
+        return {"job": self.job_id, "state": self.state, "elapsed_seconds": self.elapsed_seconds,
+                "nodes": self.nodes, "gpus": self.gpus, "node_hours": round(self.node_hours, 4),
+                "gpu_hours": round(self.gpu_hours, 4), "cpu_efficiency":
+                    None if self.cpu_efficiency is None else round(self.cpu_efficiency, 4)}
+
+
+def parse_cpu_time(text: str) -> float | None:
+    """sacct's TotalCPU (``[D-][HH:]MM:SS[.mmm]``) in seconds; None when empty or unreadable."""
+    text = text.strip()
+    if not text:
+        return None
+    days = 0
+    if "-" in text:
+        head, text = text.split("-", 1)
+        if not head.isdigit():
+            return None
+        days = int(head)
+    parts = text.split(":")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        return None
+    if not 2 <= len(values) <= 3 or any(v < 0 for v in values):
+        return None
+    while len(values) < 3:
+        values.insert(0, 0.0)
+    hours, minutes, seconds = values
+    return days * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def tres_count(tres: str, name: str) -> int:
+    """The count of one TRES (``gres/gpu``, ``node``) in an AllocTRES string; 0 when absent."""
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == name and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def parse_usage_output(stdout: str, job_ids: Iterable[str]) -> dict[str, JobAccounting]:
+    """``sacct -X -n -P --format=USAGE_FIELDS`` lines for the wanted ids; a line that cannot be read is left out."""
+    wanted = set(job_ids)
+    found: dict[str, JobAccounting] = {}
+    for line in stdout.splitlines():
+        fields = line.split("|")
+        if len(fields) != len(USAGE_FIELDS) or fields[0] not in wanted:
+            continue
+        job, elapsed, nodes, tres, total_cpu, cpu_raw, state = fields
+        if not elapsed.strip().isdigit() or not nodes.strip().isdigit():
+            continue
+        found[job] = JobAccounting(job_id=job, state=state.split()[0] if state.strip() else "", elapsed_seconds=float(elapsed),
+                                   nodes=int(nodes), gpus=tres_count(tres, "gres/gpu"),
+                                   cpu_seconds_used=parse_cpu_time(total_cpu),
+                                   cpu_seconds_allocated=float(cpu_raw) if cpu_raw.strip().isdigit() else None)
+    return found
