@@ -289,6 +289,9 @@ def test_head_cancelled_mid_asset_seed_loop(session_root):
     assert meta["elastic_ray/head_job"] == cancelled["worker"], "the running worker allocation was elected"
     assert meta["already_committed"] >= cancelled["at_commits"] >= 4
     assert meta["already_committed"] + meta["committed_now"] == total
+    # What the run held, on the materialization: one head move, node-hours of a head and a worker.
+    assert meta["elastic_ray/head_moves"] == 1 and meta["elastic_ray/node_hours"] > 0
+    print("materialization metadata:", {k: v for k, v in meta.items() if k.startswith("elastic_ray/")})
     assert sorted(committed_units(commits)) == list(range(total)), "every unit committed exactly once"
     wait_until(lambda: run_jobs_gone(session_root), timeout=90, message="the run's end cancelled its jobs")
 
