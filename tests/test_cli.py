@@ -495,7 +495,12 @@ def test_status_without_a_scheduler_handed_in_opens_the_sessions_own(sleepy):
     # As a user runs it: the CLI builds the scheduler from session.json.
     result = CliRunner().invoke(main, ["session", "status", "--json", str(sleepy["dir"].path)])
     assert result.exit_code == 0, result.output
-    assert {r["state"] for r in json.loads(result.stdout)["jobs"]} == {"RUNNING"}
+    doc = json.loads(result.stdout)
+    assert {r["state"] for r in doc["jobs"]} == {"RUNNING"}
+    # What the run held so far rides along, as `session usage --json` gives it.
+    usage = json.loads(CliRunner().invoke(main, ["session", "usage", "--json", str(sleepy["dir"].path)]).stdout)
+    assert set(doc["usage"]) == {"allocations", "total"} and [a["job"] for a in doc["usage"]["allocations"]] == [
+        a["job"] for a in usage["allocations"]]
 
 
 def test_a_non_session_directory_is_one_line_and_exit_1(tmp_path):

@@ -45,6 +45,7 @@ GOLDEN = [
     (paths.session_file, (), "session.json"),
     (paths.events_file, (), "events.jsonl"),
     (paths.events_rotated_file, (), "events.1.jsonl"),
+    (paths.timeline_page, (), "timeline.html"),
     (paths.allocation_file, (), "allocation.json"),
     (paths.backup_file, (), "allocation.json.bak"),
     (paths.generation_dir, (), "allocation.gen"),

@@ -23,6 +23,8 @@ import sys
 import psutil
 import pytest
 
+from elastic_ray.protocol.disk import event_log
+from elastic_ray.protocol.disk.events import EventKind
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.session import Session
@@ -134,6 +136,12 @@ def test_the_standby_follows_the_election_and_becomes_the_head_without_a_start(t
         head_starts = [line for line in lines[asked:] if "event=ray_memory" in line and "hosted=True" in line]
         assert head_starts == [], f"`ray start --head` ran for the hosting: {head_starts}"
         assert "event=standby_head_promoted" in text
+        # The run's history: the standby placed on the long allocation, then (moved and dropped) on the
+        # short one, and promoted there when the head was lost.
+        events = [(e.kind, e.job) for e in event_log.read(s.dir.path).events
+                  if e.kind in (EventKind.STANDBY_PLACED, EventKind.STANDBY_PROMOTED, EventKind.HEAD_MOVED)]
+        assert events[0] == (EventKind.STANDBY_PLACED, long) and (EventKind.STANDBY_PLACED, short) in events
+        assert events[-2:] == [(EventKind.STANDBY_PROMOTED, short), (EventKind.HEAD_MOVED, short)], events
         wait_until(lambda: any(st.state is AgentState.JOINED and st.head_job == short
                                for st in s.node_states(short).values()),
                    timeout=120, message="the hosting node's worker did not rejoin its own head")

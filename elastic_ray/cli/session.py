@@ -22,6 +22,7 @@ import click
 from rich.console import Console
 from rich.live import Live
 
+from ..history.read import run_usage
 from .. import defaults
 from ..coordinator.allocations.pacing import STATUS_MAX_AGE, watch_max_age
 from ..coordinator.session import Session
@@ -88,6 +89,14 @@ def collect_status(session: Session, heartbeat_wait: float = HEARTBEAT_WAIT,
                           pointer=pointer, endpoint=endpoint, observation=observation, now=now)
     status["scheduler_answer_age"] = None if answer is None else round(max(0.0, answer.age(now)), 1)
     return status
+
+
+def run_usage_so_far(path: Path) -> dict[str, Any] | None:
+    """``session usage --json``'s figures, for ``status --json`` (None if the event log cannot be read)."""
+    try:
+        return run_usage(path)[1].to_dict()
+    except (OSError, ValueError):
+        return None
 
 
 def _session_path(ctx: click.Context, directory: Path | None) -> Session:
@@ -165,6 +174,7 @@ def status_cmd(ctx: click.Context, directory: Path | None, as_json: bool, max_ag
         session.close()
     code, reasons = health(status)
     if as_json:
+        status["usage"] = run_usage_so_far(session.path)
         echo_json("session status", {**status, **({"check": {"code": code, "reasons": reasons}} if check else {})})
     else:
         out_console().print(render_status(status))

@@ -114,7 +114,7 @@ def show_history(path: Path, console: Console) -> None:
         from ..history.timeline import TimelineError, render, title_of
     except ImportError:
         return
-    page = path / "timeline.html"
+    page = paths.timeline_page(path)
     try:
         page.write_bytes(render(history, "html", title=title_of(history)))
     except (TimelineError, OSError) as exc:      # TimelineError: the extra (matplotlib) is not installed

@@ -71,6 +71,11 @@ holds this text, and the table in docs/architecture.md, to it)::
                                     (`protocol/disk/event_log`)
                                     read by: CLI (`session events`, `session timeline`, `session usage`), Dagster
                                     (run metadata)
+      timeline.html                 the run's timeline as one self-contained page, drawn from the event log
+                                    (`history/timeline`)
+                                    written by: Dagster (`dagster/pipes`: after each `compute.run`, when the
+                                    timeline extra is installed), the demo
+                                    read by: people (Dagster's metadata links it)
       jobs/<job>/head.json          a ready head's endpoint (HeadEndpoint): GCS address, heartbeat and control
                                     ports, Ray version
                                     written by: the agent that serves the head (`agent/head/publishing`: a head
@@ -203,6 +208,7 @@ DEMO_COMMITS = "commits.txt"
 DEMO_PAYLOAD_LOG = "payload.log"
 EVENTS_FILE = "events.jsonl"
 EVENTS_ROTATED = "events.1.jsonl"
+TIMELINE_PAGE = "timeline.html"
 #: The folders ``SessionDir.create`` makes (0700); the others appear with their first file.
 CREATED_DIRS = (JOBS_DIR, LOGS_DIR)
 #: The roles whose job output lands in ``logs/<role>-<job>.out``.
@@ -501,6 +507,10 @@ def events_rotated_file(session: P) -> P:
     return session / EVENTS_ROTATED
 
 
+def timeline_page(session: P) -> P:
+    return session / TIMELINE_PAGE
+
+
 # ---------------------------------------------------------------- the description
 @dataclass(frozen=True)
 class Entry:
@@ -601,6 +611,10 @@ ENTRIES: tuple[Entry, ...] = (
           "`.1` name when it passes its size bound, so the two hold the newest events",
           "every process of the run, by one locked append a line (`protocol/disk/event_log`)",
           "CLI (`session events`, `session timeline`, `session usage`), Dagster (run metadata)"),
+    Entry((TIMELINE_PAGE,),
+          "the run's timeline as one self-contained page, drawn from the event log (`history/timeline`)",
+          "Dagster (`dagster/pipes`: after each `compute.run`, when the timeline extra is installed), the demo",
+          "people (Dagster's metadata links it)"),
     Entry((f"{JOBS_DIR}/<job>/{HEAD_ENDPOINT_FILE}",),
           "a ready head's endpoint (HeadEndpoint): GCS address, heartbeat and control ports, Ray version",
           f"the agent that serves the head ({_PUBLISHING}: a head allocation's first node, or the hosting first "
@@ -738,7 +752,7 @@ __all__ = [
     "SECRET_FILE", "RAY_TOKEN_FILE", "JOBS_DIR", "HEAD_ENDPOINT_FILE", "NODES_DIR", "SPECS_DIR", "ANSWER_FILE",
     "ANSWER_LOCK", "LOGS_DIR", "DETACHED_LOG", "REMOTE_DIR", "SUPERVISOR_LOCK", "SUPERVISOR_PID", "STOP_MARKER",
     "LAST_CALL", "PAYLOADS_DIR", "PIPES_DIR", "LOCAL_SCHEDULER_DIR", "DEMO_COMMITS", "DEMO_PAYLOAD_LOG",
-    "EVENTS_FILE", "EVENTS_ROTATED", "CREATED_DIRS", "JOB_ROLES", "GENERATION_TMP_PREFIX", "TMP_SUFFIX", "FS_CHECK_PREFIX", "FS_CHECK_LINK_SUFFIX",
+    "EVENTS_FILE", "EVENTS_ROTATED", "TIMELINE_PAGE", "CREATED_DIRS", "JOB_ROLES", "GENERATION_TMP_PREFIX", "TMP_SUFFIX", "FS_CHECK_PREFIX", "FS_CHECK_LINK_SUFFIX",
     "session_file", "allocation_file", "backup_file", "generation_dir", "generation_name", "generation_of",
     "generation_file", "allocation_lock_file", "generation_aside_stem", "corrupt_copy", "ray_head_file",
     "secret_file", "ray_token_file", "jobs_dir", "job_dir", "job_of_dir", "head_endpoint_file", "nodes_dir",
@@ -748,5 +762,5 @@ __all__ = [
     "ray_log_name", "ray_log", "parse_ray_log_name", "detached_log", "remote_dir", "supervisor_lock_file",
     "supervisor_pid_file", "stop_marker", "last_call_file", "payloads_dir", "payload_file", "pipes_dir",
     "pipes_file", "local_scheduler_dir", "demo_commits_file", "demo_payload_log", "creation_lock_file",
-    "ended_marker", "events_file", "events_rotated_file", "Entry", "ENTRIES", "describe", "render_text", "render_markdown"
+    "ended_marker", "events_file", "events_rotated_file", "timeline_page", "Entry", "ENTRIES", "describe", "render_text", "render_markdown"
 ]
