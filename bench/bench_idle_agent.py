@@ -3,7 +3,11 @@
 Prints figures; asserts nothing. Runs on the LOCAL scheduler with real agents
 and real Ray (no Slurm lab needed); hold the heavy-run lock on a shared box:
 
-    flock /tmp/elastic-heavy.lock .venv/bin/python bench/bench_idle_agent.py [--windows 5] [--seconds 60]
+    flock /tmp/elastic-heavy.lock .venv/bin/python bench/bench_idle_agent.py [--windows 5] [--seconds 60] [--gpus 2]
+
+``--gpus 2`` gives the worker's node two (Ray-counted) GPUs, so its agent
+runs its GPU-load sampler (``agent/node/ray_load``): run it with and without
+to see what the sampler costs an idle agent.
 
 1. A separate head (the head agent plus a head-only Ray) and one worker
    allocation of one node; once the worker is JOINED and 10 s have passed,
@@ -182,6 +186,9 @@ def main() -> int:
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--settle", type=float, default=10.0)
+    parser.add_argument("--gpus", type=int, default=0,
+                        help="GPUs of the worker's node (Ray's count: none is needed); with any, the worker's "
+                             "agent reads their load from Ray's metrics every ELASTIC_AGENT_GPU_SAMPLE_INTERVAL s")
     args = parser.parse_args()
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-idle-{os.getpid()}"
     kwargs = {"supervise": False} if "supervise" in inspect.signature(Session.create).parameters else {}
@@ -191,7 +198,7 @@ def main() -> int:
     try:
         session.wait_for_head(timeout=120)
         handle = session.add_worker_allocation(SlurmWorkerAllocationConfig(
-            partition="gpu-b", num_nodes=1, gpus_per_node=0, cpus_per_task=1, mem="1G", time_limit="60"))
+            partition="gpu-b", num_nodes=1, gpus_per_node=args.gpus, cpus_per_task=1, mem="1G", time_limit="60"))
         worker = poll(lambda: (s := one_state(session, handle.job_id)).get("state") == "JOINED" and s, 120)
         head_job = session.dir.read_ray_head()
         head = one_state(session, head_job)
