@@ -5,8 +5,9 @@ run's session is torn down when the run ends (checked at the end).
 """
 
 
-from pathlib import Path
+import importlib.util
 import threading
+from pathlib import Path
 
 import dagster
 import pytest
@@ -72,9 +73,12 @@ def test_cpu_head_pipes_metadata_and_waiting_for_an_added_worker(session_root, t
     # ...with what the run held so far (a CPU head and CPU workers: node-hours, no GPU-hours).
     assert 0 < meta["elastic_ray/node_hours"] < 1 and meta["elastic_ray/gpu_hours_held"] == 0
     assert meta["elastic_ray/head_moves"] == 0 and "elastic_ray/gpu_hours_idle" not in meta
-    # The timeline extra is installed here: the page was drawn into the session directory.
-    assert meta["elastic_ray/timeline"].endswith("/timeline.html")
-    assert "<svg" in Path(meta["elastic_ray/timeline"]).read_text()
+    # With the timeline extra the page was drawn into the session directory; without it, the command.
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert meta["elastic_ray/timeline"].endswith("/timeline.html")
+        assert "<svg" in Path(meta["elastic_ray/timeline"]).read_text()
+    else:
+        assert meta["elastic_ray/timeline"].startswith("elastic-ray session timeline ")
     print("\nmaterialization metadata:", {k: v for k, v in meta.items() if k.startswith("elastic_ray/")})
     assert sorted(committed_units(commits)) == list(range(6))
     # The queue rule: the first worker took the queue's walltime; the added one
