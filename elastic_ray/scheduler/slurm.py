@@ -203,24 +203,35 @@ class SlurmScheduler(Scheduler):
                 found[job_id] = ended_unknown(job_id, job_name)
         return found
 
-    def _sacct(self, job_ids: list[str]) -> dict[str, JobInfo]:
-        argv = ["sacct", "-X", "--noheader", "--parsable2", f"--format={','.join(SACCT_FIELDS)}",
+    def _sacct_lines(self, fields: tuple[str, ...], job_ids: list[str]) -> str | None:
+        """``sacct -X -n -P`` of ``fields`` for these jobs: its stdout, or None when accounting is disabled
+        (remembered: later calls ask no more). Any other failure raises SchedulerError."""
+        argv = ["sacct", "-X", "--noheader", "--parsable2", f"--format={','.join(fields)}",
                 f"--jobs={','.join(job_ids)}"]
         try:
             proc = self._call(argv)
         except SchedulerError as exc:
-            if ACCOUNTING_DISABLED in exc.stderr:
-                self._accounting = False
-            else:
-                log.warning("event=sacct_failed job_ids=%s error=%r", ",".join(job_ids), str(exc))
-            return {}
-        if ACCOUNTING_DISABLED in proc.stdout or ACCOUNTING_DISABLED in proc.stderr:
-            log.info("event=accounting_disabled action=skip_sacct")
+            if ACCOUNTING_DISABLED not in exc.stderr:
+                raise
+            proc = None
+        if proc is None or ACCOUNTING_DISABLED in proc.stdout or ACCOUNTING_DISABLED in proc.stderr:
+            if self._accounting is not False:
+                log.info("event=accounting_disabled action=skip_sacct")
             self._accounting = False
-            return {}
+            return None
         self._accounting = True
+        return proc.stdout
+
+    def _sacct(self, job_ids: list[str]) -> dict[str, JobInfo]:
         try:
-            return parse_sacct_output(proc.stdout, job_ids)
+            out = self._sacct_lines(SACCT_FIELDS, job_ids)
+        except SchedulerError as exc:
+            log.warning("event=sacct_failed job_ids=%s error=%r", ",".join(job_ids), str(exc))
+            return {}
+        if out is None:
+            return {}
+        try:
+            return parse_sacct_output(out, job_ids)
         except ValueError as exc:
             log.warning("event=sacct_unreadable job_ids=%s error=%r", ",".join(job_ids), str(exc))
             return {}
@@ -228,22 +239,12 @@ class SlurmScheduler(Scheduler):
     def accounting(self, job_ids: Iterable[str]) -> dict[str, JobAccounting] | None:
         """sacct's figures of these jobs (elapsed, nodes, GPUs, CPU time); None when accounting is off."""
         ids = [check_job_id(j) for j in job_ids]
-        if not ids or self._accounting is False:
-            return None if self._accounting is False else {}
-        argv = ["sacct", "-X", "--noheader", "--parsable2", f"--format={','.join(USAGE_FIELDS)}",
-                f"--jobs={','.join(ids)}"]
-        try:
-            proc = self._call(argv)
-        except SchedulerError as exc:
-            if ACCOUNTING_DISABLED in exc.stderr:
-                self._accounting = False
-                return None
-            raise
-        if ACCOUNTING_DISABLED in proc.stdout or ACCOUNTING_DISABLED in proc.stderr:
-            self._accounting = False
+        if self._accounting is False:
             return None
-        self._accounting = True
-        return parse_usage_output(proc.stdout, ids)
+        if not ids:
+            return {}
+        out = self._sacct_lines(USAGE_FIELDS, ids)
+        return None if out is None else parse_usage_output(out, ids)
 
     def end_time(self, job_id: str, job_name: str | None = None) -> float | None:
         """The job's end time (expected while it runs, actual once it ended).
