@@ -96,7 +96,9 @@ def test_events_on_a_directory_that_is_not_a_session_is_an_error_and_writes_noth
 def test_follow_as_a_real_command_prints_appended_events_until_ctrl_c(tmp_path):
     path = _session(tmp_path)
     cli = Path(sys.executable).with_name("elastic-ray")
-    proc = subprocess.Popen([str(cli), "session", "events", "--follow", "--json", str(path)],
+    # Started as from a terminal: a test runner in the background ignores SIGINT, and its children would too.
+    proc = subprocess.Popen([sys.executable, "-m", "elastic_ray.clean_exec", str(cli), "session", "events",
+                             "--follow", "--json", str(path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         first = json.loads(proc.stdout.readline())

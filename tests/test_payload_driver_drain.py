@@ -13,11 +13,13 @@ the head; the driver is a real process.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from elastic_ray.coordinator.drivers import PayloadRun, drained_head_handed_over
@@ -27,7 +29,7 @@ from elastic_ray.protocol.disk import event_log
 from elastic_ray.protocol.disk.events import EventKind
 from elastic_ray.protocol.disk.records import AllocationRecord
 from elastic_ray.scheduler.base import JobInfo, JobState
-from tests.helpers import node_state
+from tests.helpers import node_state, wait_until
 
 # Notes SIGTERM in a file, then takes a moment to exit, as a Ray driver does.
 SLOW_TO_STOP = """
@@ -201,3 +203,27 @@ def test_a_driver_that_stops_on_the_slurm_warning_is_a_drain_when_the_head_s_nod
         # Neither the heartbeat nor the node file says it drains: after the
         # wait for drain news, the exit is the payload's own.
         assert run.wait(timeout=30).returncode == 0
+
+
+def test_a_driver_stops_on_sigterm_even_when_the_caller_ignores_it(tmp_path):
+    """Dagster maps SIGTERM onto SIGINT's handler during a step; where SIGINT is ignored that leaves
+    SIGTERM ignored in the caller, and a child would inherit it. The driver starts clean anyway."""
+    session = FakeSession(tmp_path, draining=False)
+    head = SimpleNamespace(job_id="1", address="127.0.0.1:1")
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        run = PayloadRun(session, head, [sys.executable, "-c", "import time; time.sleep(60)"])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    try:
+        # (the shim's own argv ends the same way: wait for the exec, when "-m" is gone)
+        wait_until(lambda: psutil.Process(run.proc.pid).cmdline()[1:2] == ["-c"]
+                   or run.proc.poll() is not None, 10, 0.02, "the driver exec'd")
+        started = time.monotonic()
+        run.stop()
+        assert run.proc.returncode == -signal.SIGTERM, "SIGTERM ended it, not the SIGKILL after the grace"
+        assert time.monotonic() - started < 2
+    finally:
+        if run.proc.poll() is None:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+            run.proc.wait(5)

@@ -31,6 +31,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -76,7 +77,9 @@ def driver_argv(kind: str, head_job: str, argv: Sequence[str]) -> list[str]:
         # the agent (--overlap); killed if the step's task dies.
         return ["srun", f"--jobid={head_job}", "--overlap", "--nodes=1", "--ntasks=1", "--quiet",
                 "--kill-on-bad-exit=1", *argv]
-    return list(argv)
+    # Started from the caller's process: through clean_exec, so a SIGTERM its parent left ignored
+    # (Dagster's step handlers can) does not keep the driver from stopping when asked.
+    return [sys.executable, "-m", "elastic_ray.clean_exec", *argv]
 
 
 def drained_head_handed_over(gone: str, head_state: JobState | None) -> bool:

@@ -375,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         supervisor = Supervisor(store, args.job_id)
         # Before registering: a cancel may arrive the moment submit() returns.
         supervisor.install_signal_handlers()
+        # Handled signals are default again in the job's processes after exec; blocked ones would stay blocked.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
         procs.become_subreaper()
         record = supervisor.register()
     except Exception as exc:  # noqa: BLE001 - reported to the submitter, which raises SchedulerError
