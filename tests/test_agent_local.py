@@ -91,7 +91,7 @@ import json, sys, time, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 @ray.remote(num_gpus=1)
 def hold():
-    time.sleep(15)
+    time.sleep(5)
     return 1
 print(json.dumps({"held": ray.get(hold.remote())}))
 """
@@ -99,7 +99,9 @@ print(json.dumps({"held": ray.get(hold.remote())}))
 
 def test_cpu_head_and_a_gpu_worker_allocation(session_factory, monkeypatch):
     monkeypatch.setenv("ELASTIC_AGENT_GPU_SAMPLE_INTERVAL", "1")   # forwarded to the agents
-    session = session_factory()
+    # Ray refreshes its metrics page every 10 s by default; every second here, so a 5 s task shows.
+    session = session_factory(launcher=RayLauncher(object_store_memory=100_000_000,
+                                                   env={"RAY_metrics_report_interval_ms": "1000"}))
     address = session.wait_for_head(timeout=90)
     worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(
         partition="gpu-a", num_nodes=1, gpus_per_node=2, cpus_per_task=2, mem="2G", time_limit="30",
@@ -115,12 +117,12 @@ def test_cpu_head_and_a_gpu_worker_allocation(session_factory, monkeypatch):
     assert len(head_nodes) == 1 and "GPU" not in head_nodes[0]["Resources"]
     assert nodes["gpua-1"] in {n["NodeID"] for n in seen["nodes"]}
     time.sleep(2)
-    assert driver(address, session, GPU_DRIVER)["held"] == 1     # one of the two GPUs, for 15 s
+    assert driver(address, session, GPU_DRIVER)["held"] == 1     # one of the two GPUs, for 5 s
     time.sleep(2)
     state = session.remove_worker_allocation(worker, drain_timeout=30)
     assert state == "COMPLETED"
-    # The agent measured its node's GPUs in Ray's terms: both held all along, one busy for the task's 15 s
-    # (as Ray's metrics page shows it: refreshed every 10 s, so the busy time seen may be off by that much).
+    # The agent measured its node's GPUs in Ray's terms: both held all along, one busy for the task's 5 s
+    # (as Ray's metrics page shows it, refreshed every second here, and sampled every second).
     left = next(e for e in event_log.read(session.dir.path).events
                 if e.kind is EventKind.NODE_LEFT and e.job == worker.job_id)
     usage = session.node_states(worker.job_id)["gpua-1"].gpu_usage
@@ -128,7 +130,7 @@ def test_cpu_head_and_a_gpu_worker_allocation(session_factory, monkeypatch):
     held, idle = left.details["gpu_held_seconds"], left.details["gpu_idle_seconds"]
     measured = usage.last_at - usage.first_at
     assert 0.8 * 2 * measured <= held <= 2 * measured + 0.01, (held, measured)
-    assert 5.0 <= held - idle <= 26.0, (held, idle)
+    assert 2.5 <= held - idle <= 9.0, (held, idle)
     _check_the_events_of_a_worker_added_and_removed(session, worker.job_id, "gpua-1", nodes["gpua-1"])
 
 

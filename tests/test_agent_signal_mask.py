@@ -42,8 +42,10 @@ def test_an_agent_started_with_sigterm_blocked_and_ignored_still_drains_on_it(tm
     proc = subprocess.Popen([sys.executable, "-c", HOSTILE_PARENT, "run", "--session", str(session.path),
                              "--job", "5", "--role", "head", "--node", "n-1", "--node-ip", "127.0.0.2"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    spawned: list[psutil.Process] = []
     try:
         wait_until(lambda: session.read_head_endpoint("5"), 60, 0.2, "the head's endpoint")
+        spawned = psutil.Process(proc.pid).children(recursive=True)    # its `ray start` (a session of its own)
         status = Path(f"/proc/{proc.pid}/status").read_text()
         blocked = int(re.search(r"^SigBlk:\s*([0-9a-f]+)", status, re.M).group(1), 16)
         assert not blocked & (1 << (signal.SIGTERM - 1)), "the agent took SIGTERM back"
@@ -55,6 +57,11 @@ def test_an_agent_started_with_sigterm_blocked_and_ignored_still_drains_on_it(tm
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+        for child in spawned:             # by PID, whatever happened above
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
     log = (session.log_dir / "agent-5-n-1.log").read_text()
     stopped = [line for line in log.splitlines() if "event=ray_stopped" in line]
     assert stopped and all("killed=-" in line for line in stopped), stopped   # SIGTERM alone stopped `ray start`
