@@ -12,6 +12,8 @@ on a local filesystem).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..protocol.disk import event_log
 from ..protocol.disk.events import EventKind, EventSource
 from ..protocol.disk.records import AgentState, GpuUsage
@@ -47,7 +49,7 @@ class AgentHistory:
         self.session, self.job, self.node, self.role = session, job, node, role
         self._left = False
 
-    def _emit(self, kind: EventKind, reason: str | None = None, **details: str | int | float | bool | None) -> None:
+    def _emit(self, kind: EventKind, reason: str | None = None, **details: Any) -> None:
         event_log.emit(self.session, kind, EventSource.AGENT, job=self.job, node=self.node, reason=reason,
                        lock_wait=LOCK_WAIT, **details)
 
