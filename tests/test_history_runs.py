@@ -169,3 +169,22 @@ def test_any_lines_may_be_missing(seed):
     figures = usage(history)
     assert figures.node_hours >= 0 and all(n.left_at is not None for n in history.nodes)
     assert all(h.until is not None and (h.since is None or h.until >= h.since) for h in history.head_periods)
+
+
+def test_a_node_s_own_leave_line_after_its_allocation_ended_closes_the_same_stay():
+    """The coordinator records a lost head's job `failed` when it sees it COMPLETING; the head's agent
+    writes `node_left` a moment later. That is one stay, ended by the agent, not a second row."""
+    from elastic_ray.history.runs import build
+    from elastic_ray.protocol.disk.events import Event, EventKind as EK, EventSource as ES
+
+    t0 = 1_796_000_000.0
+    events = [Event(at=t0, kind=EK.SUBMITTED, by=ES.COORDINATOR, job="98", details={"role": "head"}),
+              Event(at=t0 + 1, kind=EK.STARTED, by=ES.AGENT, job="98", node="cpu-1"),
+              Event(at=t0 + 4, kind=EK.NODE_JOINED, by=ES.AGENT, job="98", node="cpu-1"),
+              Event(at=t0 + 13.5, kind=EK.FAILED, by=ES.COORDINATOR, job="98", details={"state": "COMPLETING"}),
+              Event(at=t0 + 16, kind=EK.NODE_LEFT, by=ES.AGENT, job="98", node="cpu-1", reason="head moved to 99",
+                    details={"state": "LEFT"})]
+    history = build(events, now=t0 + 30)
+    (stay,) = history.nodes_of("98")
+    assert (stay.started_at, stay.joined_at, stay.left_at) == (t0 + 1, t0 + 4, t0 + 16)
+    assert (stay.left_reason, stay.left_state, stay.open) == ("head moved to 99", "LEFT", False)

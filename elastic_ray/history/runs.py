@@ -204,6 +204,8 @@ class _Builder:
     allocations: dict[str, Allocation] = field(default_factory=dict)
     nodes: list[NodeInterval] = field(default_factory=list)
     current: dict[tuple[str, str], int] = field(default_factory=dict)   # (job, node) -> index of its open interval
+    # (job, node) -> the interval its allocation's end closed: the node's own late word still lands there
+    closed_by_end: dict[tuple[str, str], int] = field(default_factory=dict)
     heads: list[HeadPeriod] = field(default_factory=list)
     elections: list[Election] = field(default_factory=list)
     payloads: list[PayloadRun] = field(default_factory=list)
@@ -308,14 +310,22 @@ class _Builder:
                     self.set_node(index, draining_at=at)
         elif kind is EventKind.NODE_LEFT and node is not None:
             idle = details.get("gpu_idle_seconds")
-            self.close_node(job, node, at, left_reason=event.reason, left_state=_text(details, "state"),
-                            gpu_idle_seconds=float(idle) if isinstance(idle, (int, float))
-                            and not isinstance(idle, bool) and idle >= 0 else None)
+            left = dict(left_reason=event.reason, left_state=_text(details, "state"),
+                        gpu_idle_seconds=float(idle) if isinstance(idle, (int, float))
+                        and not isinstance(idle, bool) and idle >= 0 else None)
+            late = self.closed_by_end.pop((job, node), None) if (job, node) not in self.current else None
+            if late is not None:
+                # The coordinator saw the job end (COMPLETING) a moment before the agent said it left:
+                # the same stay, ended by the agent's own line, not a second one with no start.
+                self.set_node(late, left_at=max(self.nodes[late].left_at or at, at), **left)
+            else:
+                self.close_node(job, node, at, **left)
         elif kind in (EventKind.REMOVED, EventKind.FAILED):
             if self.allocation(job).ended_at is None:
                 self.update(job, ended_at=at, ended_how=Ending.REMOVED if kind is EventKind.REMOVED else Ending.FAILED,
                             end_state=_text(details, "state"), end_reason=event.reason)
             for (j, n) in [key for key in self.current if key[0] == job]:
+                self.closed_by_end[(j, n)] = self.current[(j, n)]
                 self.close_node(j, n, at)
         # pending, drain_finished, standby_placed: on the event list, no interval of their own
 
