@@ -131,6 +131,7 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
         assert rows[big.job_id]["node_hours"] == 0 and rows[a.job_id]["live"]
         assert rows[first_head]["node_hours"] > 0 and rows[first_head]["role"] == "head"
         assert rows[first_head]["ended_how"] == "failed" and not rows[first_head]["live"]
+        assert rows[first_head]["nodes"] == 1 and not rows[first_head]["partial"]   # one stay, its start known
         table = _cli("usage", str(session.path)).stdout
         # The lab keeps no accounting (AccountingStorageType=accounting_storage/none): sacct says so, and so do we.
         sacct = json.loads(_cli("usage", "--sacct", "--json", str(session.path)).stdout)["sacct"]
