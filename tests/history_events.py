@@ -60,3 +60,17 @@ def _events() -> list[Event]:
         ev(3650, K.NODE_JOINED, "101", "gpu01", "followed the head", by=AGENT, head_job="101", hosted=True),
         ev(5000, K.PAYLOAD_FINISHED, name="train", run_id="r1", ok=True, by=EventSource.DAGSTER),
     ]
+
+
+def write_session(tmp_path, events) -> "Path":
+    """A session directory as far as the history commands look: session.json, and the log by real appends."""
+    from pathlib import Path
+
+    from elastic_ray.protocol.disk import event_log
+
+    directory = Path(tmp_path) / "session"
+    directory.mkdir()
+    (directory / "session.json").write_text("{}")
+    for event in events:
+        assert event_log.append(directory, event)
+    return directory

@@ -26,7 +26,7 @@ from elastic_ray.history.runs import build
 from elastic_ray.history.timeline import TimelineError, output_format, render
 from elastic_ray.protocol.disk import event_log
 from tests.browser import near, need_chromium, png_colours, run_chromium
-from tests.history_events import NOW, T0, K, ev, scenario
+from tests.history_events import NOW, T0, K, ev, scenario, write_session
 
 pytestmark = pytest.mark.timeout(180)
 # In CI a missing extra fails the import below instead, except in scripts/matrix's virtualenvs,
@@ -40,14 +40,7 @@ SAMPLE = REPO / "timeline-sample.png"
 JOINED_BLUE = (0x3A, 0x86, 0xC8)
 
 
-def _session(tmp_path: Path, events) -> Path:
-    """A session directory as far as these commands look: session.json, and the log by real appends."""
-    directory = tmp_path / "session"
-    directory.mkdir()
-    (directory / "session.json").write_text("{}")
-    for event in events:
-        assert event_log.append(directory, event)
-    return directory
+_session = write_session
 
 
 _colours, _near = png_colours, near

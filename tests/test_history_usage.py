@@ -8,7 +8,7 @@ import pytest
 
 from elastic_ray.history.runs import build
 from elastic_ray.history.usage import usage
-from tests.history_events import NOW, T0, K, ev, scenario
+from tests.history_events import NOW, T0, K, ev, scenario, write_session
 
 H = 3600.0
 
@@ -90,15 +90,7 @@ def test_an_empty_run_adds_up_to_nothing():
 
 # =============================================================== `elastic-ray session usage`
 
-def _session(tmp_path, events):
-    from elastic_ray.protocol.disk import event_log
-
-    directory = tmp_path / "session"
-    directory.mkdir()
-    (directory / "session.json").write_text("{}")
-    for event in events:
-        assert event_log.append(directory, event)
-    return directory
+_session = write_session
 
 
 def _usage(*args):
