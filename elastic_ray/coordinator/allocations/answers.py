@@ -172,9 +172,10 @@ class SharedAnswers:
             log.debug("event=scheduler_answer_ignored path=%s error=%s", self.path, exc)
             return None
 
-    def write(self, answer: SchedulerAnswer) -> None:
-        """Store ``answer`` unless a newer one is there already; a failed write only costs sharing."""
-        current = self.read()
+    def write(self, answer: SchedulerAnswer, *, stored: SchedulerAnswer | None = None) -> None:
+        """Store ``answer`` unless a newer one is there already; a failed write only costs sharing.
+        ``stored``: the stored answer as the caller just read it (spares a second read)."""
+        current = stored if stored is not None else self.read()
         if current is not None and current.asked_at > answer.asked_at:
             return
         try:

@@ -134,7 +134,7 @@ class SessionJobs:
         for job, reason in pending_news(previous.jobs if previous else {}, listed, self._pending_seen):
             event_log.emit(self.dir.path, EventKind.PENDING, EventSource.COORDINATOR, job=job, reason=reason,
                            at=asked_at)
-        self.shared.write(answer)
+        self.shared.write(answer, stored=previous)
         for observe in self.observers:
             try:
                 observe(listed)
