@@ -21,6 +21,7 @@ import pytest
 
 from integration import labctl
 from tests.signal_guard import _signals_left_as_found  # noqa: F401 - an autouse fixture, here too
+from tests.postmortem import pytest_runtest_makereport  # noqa: F401 - logs of a failed test's sessions
 from tests.sshd_server import SshServer
 
 LAB_NODES = 4  # the layout the tests are written for: cpu-1, cpu-2, gpua-1, gpub-1

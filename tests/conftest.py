@@ -24,3 +24,4 @@ if (ROOT / "integration" / "conftest.py").exists():
     from integration.conftest import slurm_lab, sshd  # noqa: E402,F401 - re-exported fixtures
 
 from tests.signal_guard import _signals_left_as_found  # noqa: E402,F401 - an autouse fixture
+from tests.postmortem import pytest_runtest_makereport  # noqa: E402,F401 - logs of a failed test's sessions

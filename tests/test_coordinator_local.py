@@ -176,7 +176,13 @@ def test_supervisor_notices_head_loss_and_keeps_a_worker(new_session):
                timeout=30, message="no worker allocation was submitted again")
     second = next(w for w in s.worker_allocations if w.job_id != first.job_id)
     s.wait_for_worker_allocation(second, timeout=90)
-    # Head loss with no caller: the supervisor notices from the heartbeat.
+    # Head loss with no caller: the supervisor notices from the heartbeat. Its periodic check (every
+    # 2 s so far) would also see the cancel in the scheduler's answer and elect before the heartbeat
+    # changes (seen: the election 0.9 s after the cancel, no head_lost); so the periodic check is put
+    # 10 minutes away first (after the one already due), and only the heartbeat is left to notice.
+    s.supervisor.interval = 600.0
+    checks = s.supervisor.checks
+    wait_until(lambda: s.supervisor.checks > checks, timeout=30, message="the supervisor's last periodic check")
     head = s.record().head_job
     wait_until(lambda: s.observe_head().alive, timeout=30, message="head heartbeat not seen")
     t0 = time.time()

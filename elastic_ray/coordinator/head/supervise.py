@@ -101,6 +101,11 @@ class HeadSupervisor:
         self.noticed: list[tuple[float, str]] = []  # (time, what) for status and benchmarks
         self._errors = RepeatedError(session.job_name)
 
+    @property
+    def checks(self) -> int:
+        """Periodic checks made so far (for status, benchmarks and tests)."""
+        return self._checks
+
     def start(self) -> "HeadSupervisor":
         self._thread.start()
         return self
