@@ -430,7 +430,10 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
                 res.failures.append(f"the payload failed without naming the fault ({sc.expect_failure}): "
                                     f"{res.outcome[:200]}")
         elif not res.finished:
-            res.failures.append(f"payload did not finish: {res.outcome[:300]}")
+            # What the payload printed last says why (a trace of a lab run is gone with its clone).
+            said = "\n".join((out / "payload.log").read_text(errors="replace").splitlines()[-30:]) \
+                if (out / "payload.log").exists() else "(no payload.log)"
+            res.failures.append(f"payload did not finish: {res.outcome[:300]}\n--- payload.log, last lines:\n{said}")
         if res.duplicates:
             res.failures.append(f"{res.duplicates} units committed more than once")
         if res.finished and res.lost:
