@@ -192,10 +192,17 @@ def op_head_is_lost(args: Mapping[str, Any], reply: Reply) -> Any:
 
 
 def op_usage(args: Mapping[str, Any], reply: Reply) -> Any:
-    """The run's figures from the session's own event log, its timeline page drawn next to it."""
+    """The run's figures from the session's own event log, its timeline page drawn next to it.
+
+    Only the session's files are read (no ``Session.open``: a finished run's
+    directory answers too, as ``elastic-ray session usage`` does)."""
+    from ..errors import SessionDirError
     from ..history.summary import read_summary
 
-    return read_summary(_session(args).path).to_dict()
+    path = _path(args)
+    if not paths.session_file(path).is_file():
+        raise SessionDirError(f"{path}: not a session directory (it has no {paths.session_file(path).name})")
+    return read_summary(path).to_dict()
 
 
 def op_teardown(args: Mapping[str, Any], reply: Reply) -> Any:
