@@ -16,6 +16,7 @@ cancelled under it.
 
 
 import dataclasses
+import importlib.util
 import io
 import json
 import os
@@ -249,12 +250,22 @@ def test_dagster_materialization_over_ssh_survives_a_cancelled_head(remote_root,
         default_launcher=DagsterRayLauncher(object_store_memory=100_000_000),
         ray_head_allocation=DagsterRunAllocation(partition="cpu", cpus_per_task=1, mem="1G", time_limit="30"),
         run_allocation=DagsterRunAllocation(partition="gpu-a", cpus_per_task=2))
+    began = time.time()
     result = dagster.materialize([robust], resources={"compute": compute})
+    wall = time.time() - began
     assert result.success
     assert "error" not in cancelled, cancelled
     events = result.asset_materializations_for_node("robust")
     meta = {k: v.value for k, v in events[-1].metadata.items()}
     assert meta["elastic_ray/ssh_host"] == t.host
+    # What the run held, computed on the cluster side: the one cancel moved the head once; one-node
+    # allocations (the head's, the worker's, at most one more) each held for at most the wall time.
+    assert "elastic_ray/usage_error" not in meta, meta["elastic_ray/usage_error"]
+    assert meta["elastic_ray/head_moves"] == 1
+    assert 0 < meta["elastic_ray/node_hours"] <= 3 * wall / 3600 + 1e-4, (meta, wall)
+    if importlib.util.find_spec("matplotlib") is not None:   # the cluster side is this venv
+        host, _, page = meta["elastic_ray/timeline"].partition(":")
+        assert host == t.host and Path(page).name == "timeline.html" and Path(page).is_file(), meta
     assert meta["elastic_ray/head_job"] == cancelled["worker"] != cancelled["head"]
     assert meta["already_committed"] >= cancelled["at_commits"] >= 4
     assert meta["already_committed"] + meta["committed_now"] == total, "Pipes metadata came back over SSH"

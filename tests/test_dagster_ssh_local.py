@@ -4,11 +4,15 @@ agents, real Ray, a real materialization.
 ``SlurmSessionResource`` here (``ComputeResource`` with a head failover runs
 on the lab in integration/test_remote_slurm.py). The Dagster process talks to
 the session only over SSH; the payload file is uploaded next to the session,
-its Pipes messages come back over the same call.
+its Pipes messages come back over the same call, and what the run held is
+computed on the cluster side (the timeline page drawn there).
 """
 
+import importlib.util
 import os
 import signal
+import time
+from pathlib import Path
 
 import dagster
 import pytest
@@ -84,11 +88,31 @@ def test_session_resource_over_ssh_materializes_with_pipes(sshd, tmp_path):
                                                       options=list(t.options), config_file=t.config_file),
                             remote_base=str(base), remote_python=REMOTE_PYTHON))
     try:
+        began = time.time()
         result = dagster.materialize([probed], resources={"cluster": cluster})
+        wall = time.time() - began
         assert result.success
         meta = {k: v.value for k, v in result.asset_materializations_for_node("probed")[-1].metadata.items()}
         assert meta["nodes"] == 2 and meta["cpus"] == 2 and meta["argv"] == "a b"
         assert meta["elastic_ray/ssh_host"] == t.host
+        # What the run held, computed on the cluster side from its event log: two nodes
+        # (the head's, the worker's), each held at least while the driver ran and at most
+        # for the materialization's wall time (the figures are rounded to 1e-4 h).
+        assert "elastic_ray/usage_error" not in meta, meta["elastic_ray/usage_error"]
+        held_at_least = 2 * meta["elastic_ray/driver_seconds"] / 3600
+        assert 0 < meta["elastic_ray/node_hours"] and \
+            held_at_least - 1e-4 <= meta["elastic_ray/node_hours"] <= 2 * wall / 3600 + 1e-4, (meta, wall)
+        assert meta["elastic_ray/gpu_hours_held"] == 0 and "elastic_ray/gpu_hours_idle" not in meta
+        assert meta["elastic_ray/head_moves"] == 0     # the story moved no head
+        timeline = meta["elastic_ray/timeline"]
+        if importlib.util.find_spec("matplotlib") is not None:    # the cluster side (this venv) has the extra
+            host, _, page = timeline.partition(":")
+            assert host == t.host and page == os.path.join(seen["path"], "timeline.html"), timeline
+            assert "<svg" in Path(page).read_text(), "the page was drawn on the cluster side"
+            assert meta["elastic_ray/timeline_fetch"].endswith(f"{t.host}:{page} ."), meta
+        else:
+            assert timeline == f"on {t.host}: elastic-ray session timeline {seen['path']} --output run.html"
+        print("\nmaterialization metadata:", {k: v for k, v in meta.items() if k.startswith("elastic_ray/")})
         assert seen["workers"] == [seen["worker"]]
         assert seen["path"].startswith(str(base / "sessions"))
         assert list((base / "sessions").glob("*/payloads/*-local-probe.py")), "the payload was uploaded"

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from dagster import (
-    MetadataValue,
     PipesClientCompletedInvocation,
     PipesEnvContextInjector,
     PipesFileMessageReader,
@@ -25,13 +24,10 @@ from dagster import (
 )
 
 from .. import defaults
-from ..atomic import atomic_write_bytes
-from ..errors import ElasticRayError
 from ..coordinator.session import Session
-from ..history.read import run_usage
 from ..protocol.disk import paths
-from ..protocol.disk.events import EventKind
 from .run_session import RunSession
+from .usage_meta import usage_metadata
 
 
 def _step_label(context: Any) -> str:
@@ -91,42 +87,3 @@ def run_pipes_payload(
     return PipesClientCompletedInvocation(pipes, metadata={
         "elastic_ray/head_job": head.job_id, "elastic_ray/session": str(run_session.path),
         "elastic_ray/driver_seconds": round(result.seconds, 3), **usage_metadata(run_session.path)})
-
-
-def usage_metadata(session: Path) -> dict[str, Any]:
-    """What the run held so far, from its event log, as materialization metadata.
-
-    Node-hours, GPU-hours held and idle (and the idle share), head moves, and
-    the timeline: the page ``<session>/timeline.html`` drawn anew (measured
-    at well under a second for a small run; a thousand allocations take
-    seconds) when the timeline extra is installed, else the command that
-    draws it. A log that cannot be read costs the figures, never the step.
-    """
-    try:
-        history, figures = run_usage(session)
-    except (OSError, ValueError) as exc:
-        return {"elastic_ray/usage_error": str(exc)[:200]}
-    held, idle = figures.gpu_hours_held, figures.gpu_hours_idle
-    out: dict[str, Any] = {
-        "elastic_ray/node_hours": round(figures.node_hours, 4),
-        "elastic_ray/gpu_hours_held": round(held, 4),
-        "elastic_ray/head_moves": sum(1 for e in history.events if e.kind is EventKind.HEAD_MOVED),
-        "elastic_ray/timeline": _timeline(session, history),
-    }
-    if idle is not None:
-        out["elastic_ray/gpu_hours_idle"] = round(idle, 4)
-        if held > 0:
-            out["elastic_ray/gpu_idle_share"] = round(idle / held, 4)
-    return out
-
-
-def _timeline(session: Path, history: Any) -> Any:
-    """The run's timeline page, written into the session directory; the command to draw it without the extra."""
-    try:
-        from ..history.timeline import render, title_of
-
-        page = paths.timeline_page(session)
-        atomic_write_bytes(page, render(history, "html", title=title_of(history)), mode=0o644, durable=False)
-        return MetadataValue.path(str(page))
-    except (ImportError, ElasticRayError, OSError):   # TimelineError (no matplotlib) is an ElasticRayError
-        return MetadataValue.text(f"elastic-ray session timeline {session} --output run.html")

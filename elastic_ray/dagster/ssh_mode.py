@@ -9,7 +9,9 @@ side's interpreter (``remote_python``, by default
 ``remote_base/venv/bin/python``). Dagster Pipes works as on the cluster: the
 context goes in through the environment, and the payload's messages file
 on the cluster is followed by the call and copied line by line into a local
-file that Dagster's file reader reads.
+file that Dagster's file reader reads. What the run held (node- and
+GPU-hours, head moves, the timeline) is computed on the cluster side too,
+from the session's own event log (:mod:`.usage_meta`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..config.queue import RunLayout, SlurmQueue
 from ..protocol.disk import paths
 from ..remote import RemoteSession, SshConnection, SshTarget
 from .run_session import RunSession, job_name_for
+from .usage_meta import remote_usage_metadata
 
 
 class SSHConnectionResource(dagster.ConfigurableResource):
@@ -109,4 +112,5 @@ def run_remote_pipes_payload(context: Any, run_session: RunSession, script: Path
             result = driver.wait(timeout=timeout)
     return dagster.PipesClientCompletedInvocation(pipes, metadata={
         "elastic_ray/head_job": head.job_id, "elastic_ray/session": remote.path, "elastic_ray/ssh_host":
-            remote.conn.target.host, "elastic_ray/driver_seconds": round(result.seconds, 3)})
+            remote.conn.target.host, "elastic_ray/driver_seconds": round(result.seconds, 3),
+        **remote_usage_metadata(remote)})

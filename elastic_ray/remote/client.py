@@ -31,6 +31,7 @@ from ..config.launcher import RayLauncher
 from ..coordinator.drivers import RunResult
 from ..coordinator.handles import Head, WorkerAllocation
 from ..errors import ConfigError
+from ..history.summary import UsageSummary
 from ..protocol.disk.records import AllocationRecord, SessionInfo
 from ..scheduler.base import JobState
 from . import wire
@@ -42,6 +43,7 @@ SERVER = ["-m", "elastic_ray.remote.server"]
 STDERR_LINES = 200  # the end of ssh's and the cluster side's stderr kept for an error message
 EXIT_GRACE = 10.0  # s for ssh to exit once the call answered
 CALL_MARGIN = 60.0  # s a call may take beyond the timeout it passes to the cluster side
+USAGE_TIMEOUT = 120.0  # s for the cluster side to read a run's log and draw its page (a big run: seconds)
 
 
 class RemoteCall:
@@ -325,6 +327,13 @@ class RemoteSession:
     def worker_allocations(self) -> list[WorkerAllocation]:
         """Live worker allocations (pending or running, not removed)."""
         return [WorkerAllocation(self, job) for job in self._call("worker_allocations")]
+
+    def usage(self, timeout: float = USAGE_TIMEOUT) -> UsageSummary:
+        """What the run held so far (node- and GPU-hours, head moves), computed on the cluster
+        side from the session's event log; its timeline page is drawn there too when the
+        ``timeline`` extra is installed there (``timeline`` is then its path on the cluster).
+        An older cluster side that does not know the call answers :class:`ProtocolError`."""
+        return wire.usage_answer(self._call("usage", timeout=timeout))
 
     def hello(self) -> dict[str, Any]:
         """The cluster side's version and interpreter (a version mismatch raises)."""

@@ -191,6 +191,20 @@ def op_head_is_lost(args: Mapping[str, Any], reply: Reply) -> Any:
     return head_is_lost(_session(args))
 
 
+def op_usage(args: Mapping[str, Any], reply: Reply) -> Any:
+    """The run's figures from the session's own event log, its timeline page drawn next to it.
+
+    Only the session's files are read (no ``Session.open``: a finished run's
+    directory answers too, as ``elastic-ray session usage`` does)."""
+    from ..errors import SessionDirError
+    from ..history.summary import read_summary
+
+    path = _path(args)
+    if not paths.session_file(path).is_file():
+        raise SessionDirError(f"{path}: not a session directory (it has no {paths.session_file(path).name})")
+    return read_summary(path).to_dict()
+
+
 def op_teardown(args: Mapping[str, Any], reply: Reply) -> Any:
     # The teardown stops the detached supervisor first (SessionJobs.teardown).
     return list(_session(args).teardown(list(args.get("extra") or [])))
@@ -280,10 +294,11 @@ OPS: dict[str, Callable[[Mapping[str, Any], Reply], Any]] = {
     "remove_worker": op_remove_worker, "drain_job": op_drain_job, "worker_allocations": op_worker_allocations,
     "replace_head": op_replace_head, "teardown": op_teardown, "put_file": op_put_file,
     "open_or_create": op_open_or_create, "ready_head": op_ready_head, "head_is_lost": op_head_is_lost,
+    "usage": op_usage,
 }
 # Waits the client may abandon: nothing is under way that the client's absence changes.
 ABANDONABLE = frozenset({"hello", "open", "record", "head", "wait_for_head", "wait_worker", "worker_allocations",
-                         "ready_head", "head_is_lost"})
+                         "ready_head", "head_is_lost", "usage"})
 
 
 def _watch_stdin(fd: int, gone: threading.Event, op: str, session: Path | None,

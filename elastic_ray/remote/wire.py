@@ -32,6 +32,7 @@ from ..errors import ProtocolError as ProtocolError
 from ..errors import RemoteError as RemoteError
 from ..errors import RemoteSetupError as RemoteSetupError
 from ..errors import RemoteVersionMismatch as RemoteVersionMismatch
+from ..history.summary import UsageSummary
 
 SCHEMA = "elastic-ray-remote/1"
 MARK = "\x1eER1 "
@@ -150,3 +151,11 @@ def check_request(req: Any, cluster_version: str) -> tuple[str, dict[str, Any]]:
     if not isinstance(op, str) or not isinstance(args, dict):
         raise ProtocolError("a request needs an op (string) and args (object)")
     return op, args
+
+
+def usage_answer(value: Any) -> UsageSummary:
+    """Pure: the record a ``usage`` call answers with; :class:`ProtocolError` naming the bad field."""
+    try:
+        return UsageSummary.from_dict(value)
+    except ValueError as exc:
+        raise ProtocolError(f"the cluster side's answer to usage: {exc}") from None

@@ -70,12 +70,14 @@ holds this text, and the table in docs/architecture.md, to it)::
                                     written by: every process of the run, by one locked append a line
                                     (`protocol/disk/event_log`)
                                     read by: CLI (`session events`, `session timeline`, `session usage`), Dagster
-                                    (run metadata)
+                                    (run metadata), the SSH server (`usage`, the same figures for Dagster in the SSH
+                                    mode)
       timeline.html                 the run's timeline as one self-contained page, drawn from the event log
                                     (`history/timeline`)
-                                    written by: Dagster (`dagster/pipes`: after each `compute.run`, when the
-                                    timeline extra is installed), the demo
-                                    read by: people (Dagster's metadata links it)
+                                    written by: `history/summary`, after each `compute.run` when the timeline extra
+                                    is installed: in Dagster (cluster mode) or in the SSH server's `usage` (SSH
+                                    mode); the demo
+                                    read by: people (Dagster's metadata links it, or names it on the cluster)
       jobs/<job>/head.json          a ready head's endpoint (HeadEndpoint): GCS address, heartbeat and control
                                     ports, Ray version
                                     written by: the agent that serves the head (`agent/head/publishing`: a head
@@ -610,11 +612,13 @@ ENTRIES: tuple[Entry, ...] = (
           "left, drained, removed, failed, elections, head moves, standbys; the current file is moved to the "
           "`.1` name when it passes its size bound, so the two hold the newest events",
           "every process of the run, by one locked append a line (`protocol/disk/event_log`)",
-          "CLI (`session events`, `session timeline`, `session usage`), Dagster (run metadata)"),
+          "CLI (`session events`, `session timeline`, `session usage`), Dagster (run metadata), the SSH "
+          "server (`usage`, the same figures for Dagster in the SSH mode)"),
     Entry((TIMELINE_PAGE,),
           "the run's timeline as one self-contained page, drawn from the event log (`history/timeline`)",
-          "Dagster (`dagster/pipes`: after each `compute.run`, when the timeline extra is installed), the demo",
-          "people (Dagster's metadata links it)"),
+          "`history/summary`, after each `compute.run` when the timeline extra is installed: in Dagster (cluster "
+          "mode) or in the SSH server's `usage` (SSH mode); the demo",
+          "people (Dagster's metadata links it, or names it on the cluster)"),
     Entry((f"{JOBS_DIR}/<job>/{HEAD_ENDPOINT_FILE}",),
           "a ready head's endpoint (HeadEndpoint): GCS address, heartbeat and control ports, Ray version",
           f"the agent that serves the head ({_PUBLISHING}: a head allocation's first node, or the hosting first "
