@@ -5,7 +5,9 @@ One run does what users do over a night: a head, a worker allocation added,
 a second one added and removed, one that pends (Slurm says why) and is
 cancelled, and the head lost and moved onto the first worker. Everything
 is then read back as a user would: ``session events``, ``session usage``
-and ``session timeline`` as real commands, the page opened in chromium.
+(with ``--sacct``: the lab's real Slurm accounting, slurmdbd, against what
+the test timed) and ``session timeline`` as real commands, the page opened
+in chromium.
 What it wrote is kept under ``.ci/artifacts/history-lab/`` (the events,
 the usage, the page and its screenshot).
 """
@@ -47,6 +49,17 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return out
 
 
+def _sacct_settled(path: Path, jobs: list[str]) -> dict | None:
+    """`usage --sacct --json`'s sacct part once sacct has a record of every job and a final one of
+    every ended job (slurmdbd hears of an end from slurmctld a little later); None until then."""
+    section = json.loads(_cli("usage", "--sacct", "--json", str(path)).stdout)["sacct"]
+    assert section["accounting"] is True and "error" not in section, section
+    for row in section["jobs"].values():    # never a figure that is not one: no CPU time before the end
+        assert row["final"] or row["cpu_seconds"] is None, row
+    settled = not section["not_final"] and not (set(section["missing"]) & set(jobs))
+    return section if settled else None
+
+
 def _joined(session: Session, job: str, head: str) -> bool:
     return any(s.state is AgentState.JOINED and s.head_job == head for s in session.node_states(job).values())
 
@@ -56,10 +69,12 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
     monkeypatch.setenv("ELASTIC_AGENT_GPU_SAMPLE_INTERVAL", "1")    # forwarded to every node's agent
     base = REPO / ".lab" / "test-work" / "history"
     base.mkdir(parents=True, exist_ok=True)
+    t_create = time.time()
     session = Session.create(base / uuid.uuid4().hex[:8], scheduler="slurm", head=HEAD,
                              launcher=RayLauncher(object_store_memory=100_000_000), supervise=False)
     try:
         session.wait_for_head(timeout=120)
+        t_head_ready = time.time()
         first_head = session.record().head_job
         a = session.add_worker_allocation(SlurmWorkerAllocationConfig(
             partition="gpu-a", num_nodes=1, gpus_per_node=2, cpus_per_task=2, mem="1G", time_limit="20"))
@@ -80,6 +95,7 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
         assert session.remove_worker_allocation(b, drain_timeout=60) == "COMPLETED"
         t_removed_b = time.time()
         # The head is lost; the first worker allocation hosts the next one.
+        t_cancel_head = time.time()
         subprocess.run(["scancel", first_head], check=True, timeout=30)
         head = session.replace_head(timeout=240)
         assert head.job_id == a.job_id
@@ -133,10 +149,30 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
         assert rows[first_head]["ended_how"] == "failed" and not rows[first_head]["live"]
         assert rows[first_head]["nodes"] == 1 and not rows[first_head]["partial"]   # one stay, its start known
         table = _cli("usage", str(session.path)).stdout
-        # The lab keeps no accounting (AccountingStorageType=accounting_storage/none): sacct says so, and so do we.
-        sacct = json.loads(_cli("usage", "--sacct", "--json", str(session.path)).stdout)["sacct"]
-        assert sacct == {"accounting": False, "jobs": {}}
-        assert "keeps no job accounting" in _cli("usage", "--sacct", str(session.path)).stderr
+
+        # ------------------------------------------------ Slurm's own accounting (slurmdbd), against the same story
+        ended = [first_head, b.job_id, big.job_id]
+        sacct = wait_until(lambda: _sacct_settled(session.path, ended), timeout=60, interval=1.0,
+                           message="sacct never had a final record of every ended job")
+        jobs = sacct["jobs"]
+        assert sorted(jobs) == sorted([first_head, a.job_id, b.job_id, big.job_id]) and sacct["missing"] == []
+        head_row, a_row, b_row, big_row = (jobs[j] for j in (first_head, a.job_id, b.job_id, big.job_id))
+        # State as the story ended each job: scancel -> CANCELLED, drained and removed -> COMPLETED.
+        assert (head_row["state"], b_row["state"], big_row["state"]) == ("CANCELLED", "COMPLETED", "CANCELLED")
+        assert a_row["state"] == "RUNNING" and not a_row["final"] and a_row["cpu_seconds"] is None   # live: no final figure
+        # Elapsed (whole seconds in sacct) within what the test timed around each job's start and end.
+        assert t_cancel_head - t_head_ready - 2 <= head_row["elapsed_seconds"] <= t_cancel_head - t_create + 2, head_row
+        assert t_remove_b - t_joined_b - 2 <= b_row["elapsed_seconds"] <= t_removed_b - t_add_b + 2, b_row
+        assert big_row["elapsed_seconds"] == 0 and big_row["gpus"] == 0      # cancelled while it pended: nothing held
+        # Nodes, CPUs and GPUs as submitted (HEAD: 1 CPU; a: 2 CPUs + 2 GPUs; b: 1 CPU + 1 GPU; one node each).
+        assert (head_row["nodes"], head_row["cpus"], head_row["gpus"]) == (1, 1, 0)
+        assert (a_row["nodes"], a_row["cpus"], a_row["gpus"]) == (1, 2, 2)
+        assert (b_row["nodes"], b_row["cpus"], b_row["gpus"]) == (1, 1, 1)
+        # The ended jobs that ran an agent and Ray used CPU, and sacct measured it.
+        assert head_row["cpu_seconds"] > 0 and b_row["cpu_seconds"] > 0, (head_row, b_row)
+        assert 0 < b_row["cpu_efficiency"] and b_row["gpu_hours"] == pytest.approx(b_row["elapsed_seconds"] / 3600, abs=1e-4)
+        sacct_table = _cli("usage", "--sacct", str(session.path)).stdout
+        assert "Slurm accounting (sacct)" in sacct_table and "RUNNING (so far)" in sacct_table
 
         # ------------------------------------------------ the timeline, drawn by the command, opened in chromium
         page = tmp_path / "run.html"
@@ -162,5 +198,6 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
                     shutil.copyfile(session.path / name, ARTIFACTS / name)
         end_session(session)
     (ARTIFACTS / "usage.txt").write_text(table)
+    (ARTIFACTS / "usage-sacct.txt").write_text(sacct_table)
     shutil.copyfile(page, ARTIFACTS / "run.html")
     shutil.copyfile(shot, ARTIFACTS / "timeline.png")

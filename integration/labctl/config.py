@@ -388,9 +388,14 @@ def mariadb_options(s: Settings) -> list[str]:
         "--skip-networking",
         # Small on purpose: the lab's database holds a few hundred jobs.  slurmdbd logs once, at
         # its start, that the buffer pool is below what it recommends for a real site; harmless.
-        "--innodb-buffer-pool-size=32M",
+        "--innodb-buffer-pool-size=16M",
         "--innodb-log-file-size=32M",
+        "--innodb-log-buffer-size=2M",
         "--innodb-lock-wait-timeout=900",
+        # MyISAM/Aria caches the Slurm tables (InnoDB) never use: 128M each by default.
+        "--key-buffer-size=1M",
+        "--aria-pagecache-buffer-size=1M",
+        "--query-cache-size=0",
     ]
 
 
