@@ -68,6 +68,9 @@ LAB_ENDED = """\
     # The same job with -X: sacct prints TotalCPU 00:00:00 for every job (why we ask with the steps).
     ("1|3|1|billing=2,cpu=2,gres/gpu=2,mem=512M,node=1|00:00:00|6|COMPLETED\n", "1",
      dict(final=True, cpu_seconds=0.0)),
+    # Cancelled while it pended (the lab's history test): NNodes is what it asked for, it held nothing.
+    ("12|0|1||00:00:00|0|CANCELLED by 0\n", "12",
+     dict(state="CANCELLED", final=True, elapsed_seconds=0.0, nodes=0, cpus=0, gpus=0, cpu_seconds=0.0)),
     # Running: elapsed up to now; TotalCPU holds only the steps that ended (1.0), not the job's figure.
     ("1|1|1|billing=2,cpu=2,gres/gpu=2,mem=512M,node=1|00:00.368|2|RUNNING\n"
      "1.batch|1|1|cpu=2,gres/gpu=2,mem=512M,node=1|00:00:00|2|RUNNING\n"
@@ -172,3 +175,25 @@ def test_a_failed_sacct_is_reported_and_the_event_log_figures_stand(monkeypatch,
     assert section["accounting"] and section["jobs"] == {} and "Connection refused" in section["error"]
     history.print_sacct(section)
     assert "could not read Slurm's accounting" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the scheduler's sacct call
+
+@pytest.mark.parametrize("answer, expected", [
+    # The lab with ELASTIC_RAY_LAB_ACCOUNTING=0 (accounting_storage/none), captured: stderr, exit 1.
+    (("", "Slurm accounting storage is disabled\n", 1), None),
+    # The lab with accounting: the job's line and its steps' (LAB_ENDED above), exit 0.
+    ((LAB_ENDED, "", 0), {"1": 0.954, "2": 0.003}),
+    # Jobs slurmdbd has no record of (yet): nothing at all, exit 0.
+    (("", "", 0), {}),
+])
+def test_accounting_asks_sacct_once_with_the_steps_and_knows_when_there_is_none(answer, expected):
+    from tests.test_slurm_parsing import ScriptedSlurm
+
+    slurm = ScriptedSlurm({"sacct": lambda argv: answer})
+    found = slurm.accounting(["1", "2"])
+    assert (None if found is None else {job: row.cpu_seconds_used for job, row in found.items()}) == expected
+    argv = slurm.argvs[0]
+    assert argv[0] == "sacct" and "-X" not in argv and "--jobs=1,2" in argv   # the job's line sums its steps
+    if expected is None:                  # remembered: no second sacct for a cluster without accounting
+        assert slurm.accounting(["3"]) is None and slurm.calls["sacct"] == 1

@@ -473,7 +473,8 @@ def parse_usage_output(stdout: str, job_ids: Iterable[str]) -> dict[str, JobAcco
         if not elapsed.strip().isdigit() or not nodes.strip().isdigit():
             continue
         record = JobAccounting(job_id=job, state=state.split()[0] if state.strip() else "", elapsed_seconds=float(elapsed),
-                               nodes=int(nodes), gpus=tres_count(tres, "gres/gpu"),
+                               # NNodes of a job that never started is what it asked for; it held none.
+                               nodes=int(nodes) if tres.strip() else 0, gpus=tres_count(tres, "gres/gpu"),
                                cpu_seconds_used=parse_cpu_time(total_cpu),
                                cpu_seconds_allocated=float(cpu_raw) if cpu_raw.strip().isdigit() else None,
                                cpus=tres_count(tres, "cpu"))
