@@ -133,7 +133,8 @@ from .report import log
 
 __all__ = [
     # config
-    "ACCT_DB", "CLUSTER", "CPUS_PER_NODE", "CTL_HOSTNAME", "DBD_PORT", "DEFAULT_NODES", "MEM_PER_NODE", "NVIDIA_MAJOR", "PARTITION_GRES",
+    "ACCT_DB", "CLUSTER", "CPUS_PER_NODE", "CTL_HOSTNAME", "DBD_PORT", "DEFAULT_NODES", "MEM_PER_NODE",
+    "NVIDIA_MAJOR", "PARTITION_GRES",
     "PARTITIONS", "PRIVATE_DIRS", "REPO", "LabError", "LabInfo", "Node", "Settings", "choose_proctrack",
     "compute_layout", "fingerprint", "gpu_device_paths", "hosts_markers", "is_under", "node_boot_script",
     "parse_gres", "private_mounts", "render_cgroup_conf", "render_gres_conf", "render_hosts_block",

@@ -178,7 +178,8 @@ def _fresh_start(s: Settings, layout: list[Node], files: dict[str, str], fp: str
     # even if the knobs in the environment have changed since.
     s.state_file.write_text(json.dumps(
         {"fingerprint": fp, "bridge": s.bridge, "subnet": s.subnet, "proctrack": proctrack,
-         "private_tmp": s.private_tmp, "accounting": s.accounting, "nodes": [list(n) for n in layout]}, indent=1) + "\n")
+         "private_tmp": s.private_tmp, "accounting": s.accounting, "nodes": [list(n) for n in layout]},
+        indent=1) + "\n")
     link_etc_slurm(s)
     block = render_hosts_block(s.hosts_tag, s.ctl_ip, layout)
     rewrite_hosts(lambda text: with_hosts_block(text, s.hosts_tag, block))

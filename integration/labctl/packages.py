@@ -22,7 +22,8 @@ from .report import _since, log
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "iproute2", "util-linux")
 ACCOUNTING_PACKAGES = ("slurmdbd", "mariadb-server")  # not needed with ELASTIC_RAY_LAB_ACCOUNTING=0
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
-POLICY_TEXT = "#!/bin/sh\n# temporary, from elastic-ray's Slurm lab (integration/labctl/packages.py): start no services\nexit 101\n"
+POLICY_TEXT = ("#!/bin/sh\n# temporary, from elastic-ray's Slurm lab (integration/labctl/packages.py): "
+               "start no services\nexit 101\n")
 
 
 def missing_packages(accounting: bool = True) -> list[str]:
