@@ -5,7 +5,9 @@ One run does what users do over a night: a head, a worker allocation added,
 a second one added and removed, one that pends (Slurm says why) and is
 cancelled, and the head lost and moved onto the first worker. Everything
 is then read back as a user would: ``session events``, ``session usage``
-and ``session timeline`` as real commands, the page opened in chromium.
+(with ``--sacct``: the lab's real Slurm accounting, slurmdbd, against what
+the test timed) and ``session timeline`` as real commands, the page opened
+in chromium.
 What it wrote is kept under ``.ci/artifacts/history-lab/`` (the events,
 the usage, the page and its screenshot).
 """
@@ -47,6 +49,56 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return out
 
 
+def _sacct_settled(path: Path, jobs: list[str]) -> dict | None:
+    """`usage --sacct --json`'s sacct part once sacct has a record of every job and a final one of
+    every ended job (slurmdbd hears of an end from slurmctld a little later); None until then."""
+    section = json.loads(_cli("usage", "--sacct", "--json", str(path)).stdout)["sacct"]
+    assert section["accounting"] is True and "error" not in section, section
+    for row in section["jobs"].values():    # never a figure that is not one: no CPU time before the end
+        assert row["final"] or row["cpu_seconds"] is None, row
+    settled = not section["not_final"] and not (set(section["missing"]) & set(jobs))
+    return section if settled else None
+
+
+def _lab_accounting() -> bool:
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+    return "accounting_storage/slurmdbd" in out.stdout
+
+
+def _check_sacct(path: Path, first_head: str, a, b, big, *, t_create: float, t_head_ready: float,
+                 t_cancel_head: float, t_add_b: float, t_joined_b: float, t_remove_b: float, t_removed_b: float) -> str:
+    """`usage --sacct` against the story: sacct's real figures of each job (the lab's slurmdbd), or,
+    on a lab started with ELASTIC_RAY_LAB_ACCOUNTING=0, the plain "no accounting" answer. Returns the table."""
+    if not _lab_accounting():
+        assert json.loads(_cli("usage", "--sacct", "--json", str(path)).stdout)["sacct"] == {"accounting": False, "jobs": {}}
+        text = _cli("usage", "--sacct", str(path))
+        assert "keeps no job accounting" in text.stderr
+        return text.stdout
+    ended = [first_head, b.job_id, big.job_id]
+    sacct = wait_until(lambda: _sacct_settled(path, ended), timeout=60, interval=1.0,
+                       message="sacct never had a final record of every ended job")
+    jobs = sacct["jobs"]
+    assert sorted(jobs) == sorted([first_head, a.job_id, b.job_id, big.job_id]) and sacct["missing"] == []
+    head_row, a_row, b_row, big_row = (jobs[j] for j in (first_head, a.job_id, b.job_id, big.job_id))
+    # State as the story ended each job: scancel -> CANCELLED, drained and removed -> COMPLETED.
+    assert (head_row["state"], b_row["state"], big_row["state"]) == ("CANCELLED", "COMPLETED", "CANCELLED")
+    assert a_row["state"] == "RUNNING" and not a_row["final"] and a_row["cpu_seconds"] is None   # live: no final figure
+    # Elapsed (whole seconds in sacct) within what the test timed around each job's start and end.
+    assert t_cancel_head - t_head_ready - 2 <= head_row["elapsed_seconds"] <= t_cancel_head - t_create + 2, head_row
+    assert t_remove_b - t_joined_b - 2 <= b_row["elapsed_seconds"] <= t_removed_b - t_add_b + 2, b_row
+    assert (big_row["elapsed_seconds"], big_row["nodes"], big_row["gpus"]) == (0, 0, 0)   # cancelled pending: held nothing
+    # Nodes, CPUs and GPUs as submitted (HEAD: 1 CPU; a: 2 CPUs + 2 GPUs; b: 1 CPU + 1 GPU; one node each).
+    assert (head_row["nodes"], head_row["cpus"], head_row["gpus"]) == (1, 1, 0)
+    assert (a_row["nodes"], a_row["cpus"], a_row["gpus"]) == (1, 2, 2)
+    assert (b_row["nodes"], b_row["cpus"], b_row["gpus"]) == (1, 1, 1)
+    # The ended jobs that ran an agent and Ray used CPU, and sacct measured it.
+    assert head_row["cpu_seconds"] > 0 and b_row["cpu_seconds"] > 0, (head_row, b_row)
+    assert 0 < b_row["cpu_efficiency"] and b_row["gpu_hours"] == pytest.approx(b_row["elapsed_seconds"] / 3600, abs=1e-4)
+    sacct_table = _cli("usage", "--sacct", str(path)).stdout
+    assert "Slurm accounting (sacct)" in sacct_table and "RUNNING (so far)" in sacct_table
+    return sacct_table
+
+
 def _joined(session: Session, job: str, head: str) -> bool:
     return any(s.state is AgentState.JOINED and s.head_job == head for s in session.node_states(job).values())
 
@@ -56,16 +108,22 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
     monkeypatch.setenv("ELASTIC_AGENT_GPU_SAMPLE_INTERVAL", "1")    # forwarded to every node's agent
     base = REPO / ".lab" / "test-work" / "history"
     base.mkdir(parents=True, exist_ok=True)
+    t_create = time.time()
     session = Session.create(base / uuid.uuid4().hex[:8], scheduler="slurm", head=HEAD,
                              launcher=RayLauncher(object_store_memory=100_000_000), supervise=False)
     try:
         session.wait_for_head(timeout=120)
+        t_head_ready = time.time()
         first_head = session.record().head_job
         a = session.add_worker_allocation(SlurmWorkerAllocationConfig(
             partition="gpu-a", num_nodes=1, gpus_per_node=2, cpus_per_task=2, mem="1G", time_limit="20"))
         t_add_b = time.time()
         b = session.add_worker_allocation(SlurmWorkerAllocationConfig(
             partition="gpu-b", num_nodes=1, gpus_per_node=1, cpus_per_task=1, mem="1G", time_limit="20"))
+        if _lab_accounting():   # b just submitted: sacct has no record of it yet, or one that is not final
+            early = json.loads(_cli("usage", "--sacct", "--json", str(session.path)).stdout)["sacct"]
+            assert b.job_id in early["missing"] or not early["jobs"][b.job_id]["final"], early
+            assert all(row["final"] or row["cpu_seconds"] is None for row in early["jobs"].values()), early
         assert list(session.wait_for_worker_allocation(a, timeout=180)) == ["gpua-1"]
         assert list(session.wait_for_worker_allocation(b, timeout=180)) == ["gpub-1"]
         t_joined_b = time.time()
@@ -80,6 +138,7 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
         assert session.remove_worker_allocation(b, drain_timeout=60) == "COMPLETED"
         t_removed_b = time.time()
         # The head is lost; the first worker allocation hosts the next one.
+        t_cancel_head = time.time()
         subprocess.run(["scancel", first_head], check=True, timeout=30)
         head = session.replace_head(timeout=240)
         assert head.job_id == a.job_id
@@ -133,10 +192,11 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
         assert rows[first_head]["ended_how"] == "failed" and not rows[first_head]["live"]
         assert rows[first_head]["nodes"] == 1 and not rows[first_head]["partial"]   # one stay, its start known
         table = _cli("usage", str(session.path)).stdout
-        # The lab keeps no accounting (AccountingStorageType=accounting_storage/none): sacct says so, and so do we.
-        sacct = json.loads(_cli("usage", "--sacct", "--json", str(session.path)).stdout)["sacct"]
-        assert sacct == {"accounting": False, "jobs": {}}
-        assert "keeps no job accounting" in _cli("usage", "--sacct", str(session.path)).stderr
+
+        # ------------------------------------------------ Slurm's own accounting (slurmdbd), against the same story
+        sacct_table = _check_sacct(session.path, first_head, a, b, big, t_create=t_create, t_head_ready=t_head_ready,
+                                   t_cancel_head=t_cancel_head, t_add_b=t_add_b, t_joined_b=t_joined_b,
+                                   t_remove_b=t_remove_b, t_removed_b=t_removed_b)
 
         # ------------------------------------------------ the timeline, drawn by the command, opened in chromium
         page = tmp_path / "run.html"
@@ -162,5 +222,6 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
                     shutil.copyfile(session.path / name, ARTIFACTS / name)
         end_session(session)
     (ARTIFACTS / "usage.txt").write_text(table)
+    (ARTIFACTS / "usage-sacct.txt").write_text(sacct_table)
     shutil.copyfile(page, ARTIFACTS / "run.html")
     shutil.copyfile(shot, ARTIFACTS / "timeline.png")

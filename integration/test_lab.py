@@ -240,3 +240,40 @@ def test_tcp_between_nodes(slurm_lab, jobs):
         if listener.poll() is None:
             listener.kill()
             listener.communicate()
+
+
+ACCT_FIELDS = "JobID,State,NNodes,AllocTRES,ElapsedRaw,TotalCPU"
+
+
+def accounting_on() -> bool:
+    cp = run("scontrol", "show", "config")
+    return "accounting_storage/slurmdbd" in cp.stdout
+
+
+def sacct_job(job_id: str, *prefix: str) -> dict[str, str] | None:
+    """sacct's line of the job itself (not its steps), or None when slurmdbd has no record of it yet."""
+    cp = run(*prefix, "sacct", "-n", "-P", f"--format={ACCT_FIELDS}", f"--jobs={job_id}", timeout=60)
+    for line in cp.stdout.splitlines():
+        row = dict(zip(ACCT_FIELDS.split(","), line.split("|")))
+        if row["JobID"] == job_id:
+            return row
+    return None
+
+
+def test_accounting_answers_with_a_finished_job_s_figures(slurm_lab, jobs):
+    """slurmdbd (and the lab's MariaDB behind it) records a job: sacct shows it, from the host and
+    from inside a node, with the resources it was given and CPU time it used, soon after its end."""
+    if not accounting_on():
+        pytest.skip("this lab runs without accounting (ELASTIC_RAY_LAB_ACCOUNTING=0)")
+    job_id = jobs.sbatch("-p", "gpu-a", "-c", "2", "--gpus-per-node=1", "-o", "/dev/null", "--wrap",
+                         f"{PY} -c 'sum(range(20_000_000))'")
+    assert wait_final(job_id, 60) == "COMPLETED"
+    # slurmctld tells slurmdbd of the end a moment later: until then sacct may still say RUNNING.
+    row = wait_until(lambda: (r := sacct_job(job_id)) and r["State"] == "COMPLETED" and r, 30, 0.5,
+                     f"sacct to record the end of job {job_id}")
+    tres = dict(item.split("=", 1) for item in row["AllocTRES"].split(","))
+    assert (row["NNodes"], tres["cpu"], tres["gres/gpu"]) == ("1", "2", "1"), row
+    assert int(row["ElapsedRaw"]) >= 0 and row["TotalCPU"] not in ("", "00:00:00"), row
+    # Reachable from inside a node too (AccountingStorageHost=slurmctl, the bridge address).
+    inside = jobs.srun("-p", "cpu", "sacct", "-n", "-P", f"--format={ACCT_FIELDS}", f"--jobs={job_id}")
+    assert any(line.split("|")[:2] == [job_id, "COMPLETED"] for line in inside.stdout.splitlines()), inside.stdout

@@ -18,6 +18,7 @@ from rich import box
 from rich.table import Table
 
 from ..atomic import atomic_write_bytes
+from ..errors import SchedulerError
 from ..history.read import live_idle, read_history
 from ..history.runs import RunHistory
 from ..history.usage import RunUsage, usage
@@ -100,7 +101,8 @@ def usage_table(figures: RunUsage) -> Table:
 
 
 def slurm_accounting(path: Path, jobs: list[str]) -> dict[str, Any] | None:
-    """sacct's figures of the run's jobs, by job; None when the scheduler keeps no accounting."""
+    """sacct's figures of the run's jobs, by job; None when the scheduler keeps no accounting.
+    A job sacct has no line for is left out (see ``sacct_section``); a failed sacct raises SchedulerError."""
     from ..coordinator.session import Session
 
     session = Session.open(path, supervise=False)
@@ -111,23 +113,67 @@ def slurm_accounting(path: Path, jobs: list[str]) -> dict[str, Any] | None:
     return None if found is None else {job: found[job].to_dict() for job in jobs if job in found}
 
 
-def accounting_table(found: dict[str, Any]) -> Table:
+def sacct_section(path: Path, figures: RunUsage) -> dict[str, Any]:
+    """The ``sacct`` part of ``session usage --json``.
+
+    ``missing``: the run's jobs sacct has no record of (slurmdbd hears of a job from slurmctld a
+    few seconds after it is submitted or ends; or the record was purged). ``not_final``: jobs the
+    event log saw end whose record still says they run (the same lag): their figures still move.
+    ``error``: sacct failed (e.g. slurmdbd down); the event log's figures stand on their own.
+    """
+    jobs = [row.job for row in figures.allocations]
+    try:
+        found = slurm_accounting(path, jobs)
+    except SchedulerError as exc:
+        return {"accounting": True, "jobs": {}, "error": str(exc)}
+    if found is None:
+        return {"accounting": False, "jobs": {}}
+    ended = {row.job for row in figures.allocations if not row.live}
+    return {"accounting": True, "jobs": found, "missing": [job for job in jobs if job not in found],
+            "not_final": [job for job in jobs if job in found and job in ended and not found[job]["final"]]}
+
+
+def accounting_table(section: dict[str, Any]) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Slurm accounting (sacct)")
-    for column in ("job", "state", "elapsed", "nodes", "GPUs", "node-hours", "GPU-hours", "CPU efficiency"):
+    columns = ("job", "state", "elapsed", "nodes", "CPUs", "GPUs", "node-hours", "GPU-hours", "CPU time", "CPU efficiency")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("job", "state") else "right", no_wrap=True)
-    for row in found.values():
+    for row in section["jobs"].values():
         efficiency = "?" if row["cpu_efficiency"] is None else f"{100 * row['cpu_efficiency']:.0f}%"
-        table.add_row(row["job"], row["state"], f"{row['elapsed_seconds']:.0f} s", str(row["nodes"]), str(row["gpus"]),
-                      f"{row['node_hours']:.2f}", f"{row['gpu_hours']:.2f}", efficiency)
+        cpu_time = "?" if row["cpu_seconds"] is None else f"{row['cpu_seconds']:.1f} s"
+        state = row["state"] if row["final"] else f"{row['state'] or '?'} (so far)"
+        table.add_row(row["job"], state, f"{row['elapsed_seconds']:.0f} s", str(row["nodes"]), str(row["cpus"]),
+                      str(row["gpus"]), f"{row['node_hours']:.2f}", f"{row['gpu_hours']:.2f}", cpu_time, efficiency)
+    for job in section["missing"]:
+        table.add_row(job, "no record", *["?"] * (len(columns) - 2))
     return table
+
+
+def print_sacct(section: dict[str, Any]) -> None:
+    if not section["accounting"]:
+        err_console().print("sacct: this cluster keeps no job accounting (AccountingStorageType none, or not "
+                            "Slurm): only the event log's figures", markup=False)
+        return
+    if "error" in section:
+        err_console().print(f"sacct: could not read Slurm's accounting: {section['error']}", markup=False)
+        return
+    out_console().print(accounting_table(section))
+    for job in section["missing"]:
+        err_console().print(f"sacct: no record of job {job} (slurmdbd hears of a job a few seconds after it "
+                            "starts or ends, so ask again shortly; or its record was purged)", markup=False)
+    for job in section["not_final"]:
+        state = section["jobs"][job]["state"] or "?"
+        err_console().print(f"sacct: job {job} has ended but its record still says {state}: its figures are not "
+                            "final yet (slurmdbd lags the controller by a few seconds)", markup=False)
 
 
 @click.command("usage", cls=JsonCommand)
 @_DIR
 @JSON_OPTION
 @click.option("--sacct", "with_sacct", is_flag=True,
-              help="Also ask Slurm's accounting (one sacct call) for each job's elapsed time, GPUs and CPU "
-                   "efficiency; says so when the cluster keeps no accounting.")
+              help="Also ask Slurm's accounting (one sacct call) for each job's state, elapsed time, CPUs, "
+                   "GPUs and CPU time; says so when the cluster keeps no accounting, and per job when sacct "
+                   "has no record of it yet or its record is not final.")
 @failures_as_click
 def usage_cmd(directory: Path | None, as_json: bool, with_sacct: bool) -> None:
     """What the run held, per allocation and in total: node-hours (each node
@@ -141,14 +187,12 @@ def usage_cmd(directory: Path | None, as_json: bool, with_sacct: bool) -> None:
     path = session_path(directory)
     history, skipped = read_history(path)
     figures = usage(history, live_idle(path, history))
-    accounting: dict[str, Any] | None = None
-    if with_sacct:
-        accounting = slurm_accounting(path, [row.job for row in figures.allocations])
+    section = sacct_section(path, figures) if with_sacct else None
     if as_json:
         fields: dict[str, Any] = {"session": str(path), "now": round(history.now, 3), **figures.to_dict(),
                                   "skipped_lines": skipped}
-        if with_sacct:
-            fields["sacct"] = {"accounting": accounting is not None, "jobs": accounting or {}}
+        if section is not None:
+            fields["sacct"] = section
         echo_json("session usage", fields)
         return
     _warn_skipped(skipped)
@@ -156,9 +200,5 @@ def usage_cmd(directory: Path | None, as_json: bool, with_sacct: bool) -> None:
     if figures.partial:
         err_console().print("note: some figures are incomplete: the event log lacks a node's start or an "
                             "allocation's GPU count", markup=False)
-    if with_sacct:
-        if accounting is None:
-            err_console().print("sacct: this cluster keeps no job accounting (AccountingStorageType none, or not "
-                                "Slurm): only the event log's figures", markup=False)
-        else:
-            out_console().print(accounting_table(accounting))
+    if section is not None:
+        print_sacct(section)

@@ -203,10 +203,11 @@ class SlurmScheduler(Scheduler):
                 found[job_id] = ended_unknown(job_id, job_name)
         return found
 
-    def _sacct_lines(self, fields: tuple[str, ...], job_ids: list[str]) -> str | None:
-        """``sacct -X -n -P`` of ``fields`` for these jobs: its stdout, or None when accounting is disabled
-        (remembered: later calls ask no more). Any other failure raises SchedulerError."""
-        argv = ["sacct", "-X", "--noheader", "--parsable2", f"--format={','.join(fields)}",
+    def _sacct_lines(self, fields: tuple[str, ...], job_ids: list[str], steps: bool = False) -> str | None:
+        """``sacct -X -n -P`` of ``fields`` for these jobs (with their steps' lines too: without ``-X``):
+        its stdout, or None when accounting is disabled (remembered: later calls ask no more).
+        Any other failure raises SchedulerError."""
+        argv = ["sacct", *(() if steps else ("-X",)), "--noheader", "--parsable2", f"--format={','.join(fields)}",
                 f"--jobs={','.join(job_ids)}"]
         try:
             proc = self._call(argv)
@@ -243,7 +244,7 @@ class SlurmScheduler(Scheduler):
             return None
         if not ids:
             return {}
-        out = self._sacct_lines(USAGE_FIELDS, ids)
+        out = self._sacct_lines(USAGE_FIELDS, ids, steps=True)   # the job's line sums its steps' CPU time
         return None if out is None else parse_usage_output(out, ids)
 
     def end_time(self, job_id: str, job_name: str | None = None) -> float | None:

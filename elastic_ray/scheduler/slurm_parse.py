@@ -15,7 +15,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config.slurm_values import expand_hostlist, is_job_id, signal_name
 from .base import JobInfo, JobState
@@ -380,6 +380,8 @@ def script_name_prefix(job_name: str, role: str, when: float) -> str:
 
 #: What ``session usage --sacct`` asks of sacct, in this order: seconds elapsed, nodes, what was allocated
 #: (``cpu=4,mem=8G,node=1,gres/gpu=2``), CPU time used and CPU time allocated (both in seconds).
+#: Asked with the steps (no ``-X``): sacct adds the steps' CPU time up into the job's own line only
+#: when it reads them, and prints ``TotalCPU`` 00:00:00 for every job under ``-X`` (Slurm 22.05).
 USAGE_FIELDS = ("JobID", "ElapsedRaw", "NNodes", "AllocTRES", "TotalCPU", "CPUTimeRAW", "State")
 
 
@@ -389,11 +391,18 @@ class JobAccounting:
 
     job_id: str
     state: str
-    elapsed_seconds: float
+    elapsed_seconds: float      # up to now while the job is not over
     nodes: int
     gpus: int                   # GPUs allocated to the whole job (AllocTRES gres/gpu)
-    cpu_seconds_used: float | None
+    cpu_seconds_used: float | None      # None until the job is over: only ended steps count before
     cpu_seconds_allocated: float | None
+    cpus: int = 0               # CPUs allocated to the whole job (AllocTRES cpu)
+
+    @property
+    def final(self) -> bool:
+        """The record of a job that is over. A job still running, or one whose end slurmdbd has
+        not heard of yet (it learns of it from slurmctld seconds later), has figures that still move."""
+        return bool(self.state) and translate_state(self.state).is_final
 
     @property
     def node_hours(self) -> float:
@@ -411,9 +420,10 @@ class JobAccounting:
         return self.cpu_seconds_used / self.cpu_seconds_allocated
 
     def to_dict(self) -> dict[str, object]:
-        return {"job": self.job_id, "state": self.state, "elapsed_seconds": self.elapsed_seconds,
-                "nodes": self.nodes, "gpus": self.gpus, "node_hours": round(self.node_hours, 4),
-                "gpu_hours": round(self.gpu_hours, 4), "cpu_efficiency":
+        return {"job": self.job_id, "state": self.state, "final": self.final,
+                "elapsed_seconds": self.elapsed_seconds, "nodes": self.nodes, "cpus": self.cpus,
+                "gpus": self.gpus, "node_hours": round(self.node_hours, 4), "gpu_hours": round(self.gpu_hours, 4),
+                "cpu_seconds": self.cpu_seconds_used, "cpu_efficiency":
                     None if self.cpu_efficiency is None else round(self.cpu_efficiency, 4)}
 
 
@@ -451,7 +461,8 @@ def tres_count(tres: str, name: str) -> int:
 
 
 def parse_usage_output(stdout: str, job_ids: Iterable[str]) -> dict[str, JobAccounting]:
-    """``sacct -X -n -P --format=USAGE_FIELDS`` lines for the wanted ids; a line that cannot be read is left out."""
+    """``sacct -n -P --format=USAGE_FIELDS`` lines for the wanted ids: each job's own line (its steps',
+    ``81231.batch``, are not asked for); a line that cannot be read is left out."""
     wanted = set(job_ids)
     found: dict[str, JobAccounting] = {}
     for line in stdout.splitlines():
@@ -461,8 +472,13 @@ def parse_usage_output(stdout: str, job_ids: Iterable[str]) -> dict[str, JobAcco
         job, elapsed, nodes, tres, total_cpu, cpu_raw, state = fields
         if not elapsed.strip().isdigit() or not nodes.strip().isdigit():
             continue
-        found[job] = JobAccounting(job_id=job, state=state.split()[0] if state.strip() else "", elapsed_seconds=float(elapsed),
-                                   nodes=int(nodes), gpus=tres_count(tres, "gres/gpu"),
-                                   cpu_seconds_used=parse_cpu_time(total_cpu),
-                                   cpu_seconds_allocated=float(cpu_raw) if cpu_raw.strip().isdigit() else None)
+        record = JobAccounting(job_id=job, state=state.split()[0] if state.strip() else "", elapsed_seconds=float(elapsed),
+                               # NNodes of a job that never started is what it asked for; it held none.
+                               nodes=int(nodes) if tres.strip() else 0, gpus=tres_count(tres, "gres/gpu"),
+                               cpu_seconds_used=parse_cpu_time(total_cpu),
+                               cpu_seconds_allocated=float(cpu_raw) if cpu_raw.strip().isdigit() else None,
+                               cpus=tres_count(tres, "cpu"))
+        if not record.final:    # TotalCPU counts the steps that ended so far: not the job's figure yet
+            record = replace(record, cpu_seconds_used=None)
+        found[job] = record
     return found

@@ -11,6 +11,8 @@ Every compute node is a genuine ``slurmd``.  Each one lives in three namespaces 
 ``slurmctld`` runs on the host network (it owns the bridge address, ``.1``) in its own UTS
 namespace whose hostname is ``slurmctl``, so the config never depends on the machine's name.
 A private ``munged`` (own key and socket under the lab dir) authenticates everything.
+Job accounting is on by default: the lab runs its own ``mariadbd`` (datadir and unix socket
+under the lab dir, no TCP) and a ``slurmdbd`` that slurmctld reports to, so ``sacct`` answers.
 
 Commands (``integration/lab`` is a thin wrapper around :func:`main`)::
 
@@ -29,6 +31,8 @@ Environment knobs (read by :func:`config.settings_from_env`):
                                  Forced to 0 (with a note) when the repo or the python that
                                  runs jobs lives under one of those dirs: nodes could not see it.
     ELASTIC_RAY_LAB_PYTHON_PREFIX  sys.prefix of the python that will run jobs   [sys.prefix]
+    ELASTIC_RAY_LAB_ACCOUNTING   1|0: mariadbd + slurmdbd, sacct answers  [1]
+                                 0: AccountingStorageType=accounting_storage/none, as before.
 
 Python API for tests: :func:`up`, :func:`down`, :func:`is_up`, :func:`slurm_conf_path`,
 :func:`nodes`, :func:`lab_dir`.  Must run as root.  Standard library only: integration/lab
@@ -44,6 +48,7 @@ One module per job, so that what the lab *is* can be checked without root
     files      the lab dir, the rendered configs on disk, fake GPU devices, /etc/slurm links
     net        the bridge, one network namespace and veth pair per node, /etc/hosts in place
     daemons    munged, slurmctld, the slurmds, node states, the lab's processes, cgroups
+    accounting mariadbd and slurmdbd, the cluster registered in them
     lifecycle  the state file, up (fresh start or repair), down, is_up, nodes
     cli        ``lab up|down|status|env``
 
@@ -57,8 +62,11 @@ from __future__ import annotations
 
 from .cli import EXIT_DOWN, main
 from .config import (
+    ACCT_DB,
+    CLUSTER,
     CPUS_PER_NODE,
     CTL_HOSTNAME,
+    DBD_PORT,
     DEFAULT_NODES,
     MEM_PER_NODE,
     NVIDIA_MAJOR,
@@ -83,9 +91,20 @@ from .config import (
     render_gres_conf,
     render_hosts_block,
     render_slurm_conf,
+    render_slurmdbd_conf,
     settings_from_env,
     strip_hosts_block,
     with_hosts_block,
+)
+from .accounting import (
+    DB_TIMEOUT,
+    accounting_pids,
+    clusters,
+    dbd_env,
+    mariadbd_pid,
+    slurmdbd_pid,
+    start_mariadb,
+    start_slurmdbd,
 )
 from .daemons import (
     CTLD_TIMEOUT,
@@ -93,6 +112,7 @@ from .daemons import (
     control_pids,
     ctld_answers,
     ctld_pid,
+    ctld_pids,
     daemon_env,
     munged_pid,
     node_pids,
@@ -107,27 +127,31 @@ from .daemons import (
 from .files import link_etc_slurm, make_dirs, unlink_etc_slurm, write_files
 from .lifecycle import down, is_up, lab_dir, load_state, nodes, require_root, slurm_conf_path, state_nodes, up
 from .net import net_down, net_intact, net_up, netns_pids, rewrite_hosts
-from .packages import PACKAGES, ensure_packages, missing_packages
+from .packages import ACCOUNTING_PACKAGES, PACKAGES, ensure_packages, missing_packages
 from .procs import STEP_SETTLE, TERM_GRACE, children_of, owned_pid, pid_alive, poll_until, read_pid, stop_pids
 from .report import log
 
 __all__ = [
     # config
-    "CPUS_PER_NODE", "CTL_HOSTNAME", "DEFAULT_NODES", "MEM_PER_NODE", "NVIDIA_MAJOR", "PARTITION_GRES",
+    "ACCT_DB", "CLUSTER", "CPUS_PER_NODE", "CTL_HOSTNAME", "DBD_PORT", "DEFAULT_NODES", "MEM_PER_NODE",
+    "NVIDIA_MAJOR", "PARTITION_GRES",
     "PARTITIONS", "PRIVATE_DIRS", "REPO", "LabError", "LabInfo", "Node", "Settings", "choose_proctrack",
     "compute_layout", "fingerprint", "gpu_device_paths", "hosts_markers", "is_under", "node_boot_script",
     "parse_gres", "private_mounts", "render_cgroup_conf", "render_gres_conf", "render_hosts_block",
-    "render_slurm_conf", "settings_from_env", "strip_hosts_block", "with_hosts_block",
+    "render_slurm_conf", "render_slurmdbd_conf", "settings_from_env", "strip_hosts_block", "with_hosts_block",
     # report, procs, packages, files, net
     "log",
     "STEP_SETTLE", "TERM_GRACE", "children_of", "owned_pid", "pid_alive", "poll_until", "read_pid", "stop_pids",
-    "PACKAGES", "ensure_packages", "missing_packages",
+    "ACCOUNTING_PACKAGES", "PACKAGES", "ensure_packages", "missing_packages",
     "link_etc_slurm", "make_dirs", "unlink_etc_slurm", "write_files",
     "net_down", "net_intact", "net_up", "netns_pids", "rewrite_hosts",
     # daemons
-    "CTLD_TIMEOUT", "IDLE_TIMEOUT", "control_pids", "ctld_answers", "ctld_pid", "daemon_env", "munged_pid",
+    "CTLD_TIMEOUT", "IDLE_TIMEOUT", "control_pids", "ctld_answers", "ctld_pid", "ctld_pids", "daemon_env", "munged_pid",
     "node_pids", "node_states", "remove_cgroups", "slurmd_pid", "start_munged", "start_slurmctld",
     "start_slurmd", "wait_nodes",
+    # accounting
+    "DB_TIMEOUT", "accounting_pids", "clusters", "dbd_env", "mariadbd_pid", "slurmdbd_pid", "start_mariadb",
+    "start_slurmdbd",
     # lifecycle, cli
     "down", "is_up", "lab_dir", "load_state", "nodes", "require_root", "slurm_conf_path", "state_nodes", "up",
     "EXIT_DOWN", "main",

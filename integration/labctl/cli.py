@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from .config import DEFAULT_NODES, LabError, Settings, settings_from_env
+from .accounting import mariadbd_pid, slurmdbd_pid
 from .daemons import ctld_pid, daemon_env, munged_pid, slurmd_pid
 from .lifecycle import _running, down, load_state, state_nodes, up
 from .procs import pid_alive
@@ -27,14 +28,18 @@ def _status(s: Settings) -> int:
     if not _running(s):
         print(f"lab: DOWN ({s.lab_dir})")
         return EXIT_DOWN
-    layout = state_nodes(load_state(s))
+    state = load_state(s)
+    layout = state_nodes(state)
     print(f"lab: UP ({s.lab_dir}, {len(layout)} nodes, SLURM_CONF={s.conf})")
     _print_layout(s)
     env = daemon_env(s)
     cp = subprocess.run(["squeue", "-o", "%.8i %.9P %.16j %.9T %.10M %.5D %R"], capture_output=True,
                         text=True, env=env, stdin=subprocess.DEVNULL, timeout=30)
     sys.stdout.write(cp.stdout)
-    daemons = {"munged": munged_pid(s), "slurmctld": ctld_pid(s)}
+    daemons = {"munged": munged_pid(s)}
+    if (state or {}).get("accounting") or pid_alive(mariadbd_pid(s)) or pid_alive(slurmdbd_pid(s)):
+        daemons.update({"mariadbd": mariadbd_pid(s), "slurmdbd": slurmdbd_pid(s)})
+    daemons["slurmctld"] = ctld_pid(s)
     daemons.update({f"slurmd@{n.name}": slurmd_pid(s, n.name) for n in layout})
     for name, pid in daemons.items():
         print(f"  {name:18} pid {pid or '-':>7}  {'alive' if pid_alive(pid) else 'DEAD'}")

@@ -141,14 +141,19 @@ def node_pids(s: Settings, layout: list[Node]) -> tuple[set[int], set[int]]:
     return {p for p in pids if pid_alive(p)}, slurmds
 
 
+def ctld_pids(s: Settings) -> set[int]:
+    """slurmctld and its helper (slurmscriptd), from our pid file."""
+    ctld = ctld_pid(s)
+    pids = {ctld, *children_of(ctld)} if pid_alive(ctld) else set()
+    pids.discard(os.getpid())
+    return {p for p in pids if p and pid_alive(p)}
+
+
 def control_pids(s: Settings) -> set[int]:
     """munged, slurmctld and slurmctld's helper (slurmscriptd), from our pid files."""
-    pids = {p for p in (munged_pid(s), ctld_pid(s)) if pid_alive(p)}
-    ctld = ctld_pid(s)
-    if pid_alive(ctld):
-        pids.update(children_of(ctld))
+    pids = ctld_pids(s) | {p for p in (munged_pid(s),) if pid_alive(p)}
     pids.discard(os.getpid())
-    return {p for p in pids if pid_alive(p)}
+    return pids
 
 
 def remove_cgroups(layout: list[Node]) -> None:

@@ -14,7 +14,12 @@ from .report import log
 def write_files(s: Settings, files: dict[str, str], layout: list[Node]) -> None:
     s.etc.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        (s.etc / name).write_text(text)
+        # slurmdbd refuses a slurmdbd.conf that anyone but its SlurmUser (root here) can read.
+        mode = 0o600 if name == "slurmdbd.conf" else 0o644
+        fd = os.open(s.etc / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(s.etc / name, mode)
     for node in layout:
         for i, dev in enumerate(gpu_device_paths(s, node)):
             dev.parent.mkdir(parents=True, exist_ok=True)

@@ -23,13 +23,16 @@ from .config import (
     render_gres_conf,
     render_hosts_block,
     render_slurm_conf,
+    render_slurmdbd_conf,
     settings_from_env,
     strip_hosts_block,
     with_hosts_block,
 )
+from .accounting import accounting_pids, start_mariadb, start_slurmdbd
 from .daemons import (
-    control_pids,
     ctld_pid,
+    ctld_pids,
+    munged_pid,
     node_pids,
     remove_cgroups,
     start_munged,
@@ -118,6 +121,8 @@ def up(n: int = DEFAULT_NODES) -> LabInfo:
         "gres.conf": render_gres_conf(s, layout),
         "cgroup.conf": render_cgroup_conf(),
     }
+    if s.accounting:
+        files["slurmdbd.conf"] = render_slurmdbd_conf(s)
     fp = fingerprint(files, s)
     info = LabInfo(s.lab_dir, s.conf, layout, s.private_tmp, s.shared_dir, notes=list(s.notes))
 
@@ -173,12 +178,16 @@ def _fresh_start(s: Settings, layout: list[Node], files: dict[str, str], fp: str
     # even if the knobs in the environment have changed since.
     s.state_file.write_text(json.dumps(
         {"fingerprint": fp, "bridge": s.bridge, "subnet": s.subnet, "proctrack": proctrack,
-         "private_tmp": s.private_tmp, "nodes": [list(n) for n in layout]}, indent=1) + "\n")
+         "private_tmp": s.private_tmp, "accounting": s.accounting, "nodes": [list(n) for n in layout]},
+        indent=1) + "\n")
     link_etc_slurm(s)
     block = render_hosts_block(s.hosts_tag, s.ctl_ip, layout)
     rewrite_hosts(lambda text: with_hosts_block(text, s.hosts_tag, block))
     net_up(s, layout)
     start_munged(s)
+    if s.accounting:
+        start_mariadb(s)
+        start_slurmdbd(s)  # registers the cluster, which slurmctld then finds
     start_slurmctld(s)
     for node in layout:
         start_slurmd(s, node)
@@ -198,6 +207,11 @@ def _repair(s: Settings, layout: list[Node]) -> list[str]:
     restarted = []
     if start_munged(s):
         restarted.append("munged")
+    if s.accounting:
+        if start_mariadb(s):
+            restarted.append("mariadbd")
+        if start_slurmdbd(s):
+            restarted.append("slurmdbd")
     ctld_restarted = start_slurmctld(s)
     if ctld_restarted:
         restarted.append("slurmctld")
@@ -229,9 +243,12 @@ def _down(s: Settings, quiet: bool = False) -> None:
     # keeps retrying to report to a vanished controller for MessageTimeout (10 s).
     pids, slurmds = node_pids(s, layout)
     left = stop_pids(pids, slurmds) if pids else set()
-    ctl = control_pids(s)
-    left |= stop_pids(ctl, ctl) if ctl else set()
-    pids |= ctl
+    # Then the control side, each after the one that talks to it: slurmctld (it reports to
+    # slurmdbd), slurmdbd (it writes to mariadbd), mariadbd, and munged last (all use it).
+    for group in (ctld_pids(s), *accounting_pids(s), {p for p in (munged_pid(s),) if pid_alive(p)}):
+        if group:
+            left |= stop_pids(group, group)
+            pids |= group
     net_down(s, layout)
     if os.path.exists("/etc/hosts"):
         rewrite_hosts(lambda text: strip_hosts_block(text, s.hosts_tag))

@@ -104,9 +104,11 @@ def poll_until(pred: Callable[[], object], timeout: float, interval: float = 0.1
         time.sleep(interval)
 
 
-def owned_pid(pidfile: Path, program: str, marker: str) -> int | None:
+def owned_pid(pidfile: Path, program: str, marker: str, where: str = "cmdline") -> int | None:
     """The PID in ``pidfile``, but only if it still is *our* daemon: its executable is
-    ``program`` and its command line names ``marker`` (our config or socket path).
+    ``program`` and its command line names ``marker`` (our config or socket path).  A daemon
+    whose command line names nothing of ours (slurmdbd finds its config through $SLURM_CONF)
+    is checked in its environment instead: ``where="environ"``.
 
     A stale pid file whose PID was reused by an unrelated process must never make us skip a
     start or, worse, signal a stranger.  (This checks the PID we were given; it never looks
@@ -117,7 +119,7 @@ def owned_pid(pidfile: Path, program: str, marker: str) -> int | None:
         return None
     try:
         exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
+        with open(f"/proc/{pid}/{where}", "rb") as f:
             args = f.read().split(b"\0")
     except OSError:
         return None
