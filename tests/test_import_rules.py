@@ -42,6 +42,9 @@ NEVER: Mapping[str, frozenset[str]] = {
     # The run's history read back from its event log: a reader of protocol's
     # records, used by the CLI and Dagster, acting on nothing of the run.
     "history": frozenset({"agent", "coordinator", "scheduler", "dagster", "cli", "demo", "ray", "remote"}),
+    # The autoscaler's decisions (pure) and, later, the demand it reads: the
+    # coordinator runs them; they act on nothing themselves.
+    "autoscale": frozenset({"agent", "coordinator", "scheduler", "dagster", "cli", "demo", "remote", "history"}),
 }
 # Every room. The modules outside them (errors, atomic, polling, defaults,
 # knobs, ray_auth: "room-free") are what every room may import, so they
@@ -144,6 +147,7 @@ PURE_MODULES: tuple[str, ...] = (
     "scheduler/states.py", "scheduler/slurm_parse.py",
     "cli/options.py", "cli/render_plan.py", "cli/status_model.py", "cli/status_view.py",
     "dagster/orphans.py", "remote/wire.py", "history/runs.py", "history/usage.py", "history/page.py",
+    "config/autoscale.py", "autoscale/shapes.py", "autoscale/records.py", "autoscale/decide.py",
 )
 EFFECTS = frozenset({"zmq", "psutil", "subprocess", "threading", "socket", "multiprocessing", "asyncio"})
 
