@@ -20,6 +20,8 @@ def test_story_tells_the_last_lines_of_each_session_log_oldest_first(tmp_path):
 
 
 def test_story_is_bounded_and_empty_without_logs(tmp_path, monkeypatch):
+    # Another test's session may have left a thread in this process; its stack is not the point here.
+    monkeypatch.setattr(postmortem, "_our_thread_stacks", lambda: "")
     assert postmortem.story(tmp_path) == ""
     monkeypatch.setattr(postmortem, "MAX_CHARS", 500)
     logs = tmp_path / "s" / "logs"
@@ -28,3 +30,17 @@ def test_story_is_bounded_and_empty_without_logs(tmp_path, monkeypatch):
         (logs / f"agent-{n}-cpu-1.log").write_text("x" * 200 + "\n")
     text = postmortem.story(tmp_path)
     assert len(text) <= 500 + len("[...]\n") and text.startswith("[...]")
+
+
+def test_story_shows_where_our_threads_are(tmp_path):
+    import threading
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="elastic-ray-test-waiter", daemon=True)
+    thread.start()
+    try:
+        text = postmortem.story(tmp_path)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert "--- thread elastic-ray-test-waiter" in text and "wait" in text
