@@ -1,0 +1,79 @@
+"""Ray's cluster resource state turned into the autoscaler's demand (elastic_ray/autoscale/demand.py), by table.
+
+The replies are written as ``MessageToDict(..., preserving_proto_field_name=True)`` gives them:
+int64 fields as strings, zero values left out, node ids in base64.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from elastic_ray.autoscale.decide import Gang
+from elastic_ray.autoscale.demand import MAX_PER_SHAPE, StateError, read_state
+
+
+def req(resources, **extra):
+    return {"resources_bundle": resources, **extra}
+
+
+NODE = base64.b64encode(bytes.fromhex("ab" * 28)).decode()
+
+
+def test_a_reply_with_every_kind_of_demand():
+    state = read_state({
+        "pending_resource_requests": [
+            {"request": req({"GPU": 1.0}), "count": "4"},
+            {"request": req({"CPU": 1.0, "node:10.0.0.5": 0.001}), "count": "2"},       # pinned: skipped
+            {"request": req({"CPU_group_0_abc": 1.0}), "count": "1"},                   # a group's bundle
+            {"request": req({"CPU": 0.0}), "count": "3"},                               # asks for nothing
+        ],
+        "pending_gang_resource_requests": [
+            {"requests": [req({"GPU": 2.0}, placement_constraints=[{"anti_affinity": {"label_name": "_PG_1",
+                                                                                       "label_value": "x"}}])] * 2,
+             "details": "1:PENDING"},
+            {"requests": [req({"GPU": 1.0}, placement_constraints=[{"affinity": {"label_name": "_PG_2"}}])] * 2},
+            {"requests": [req({"CPU": 1.0})] * 3},
+        ],
+        "cluster_resource_constraints": [{"resource_requests": [{"request": req({"CPU": 1.0}), "count": "3"}]}],
+        "node_states": [{"node_id": NODE, "total_resources": {"CPU": 2.0, "GPU": 2.0},
+                         "available_resources": {"CPU": 2.0}, "idle_duration_ms": "42000", "status": "IDLE"},
+                        {"node_id": NODE, "status": "DEAD"}],
+    })
+    d = state.demand
+    assert d.pending == ({"GPU": 1.0},) * 4 + ({},) * 3
+    assert d.gangs == (Gang(({"GPU": 2.0},) * 2, "STRICT_SPREAD", "1:PENDING"), Gang(({"GPU": 1.0},) * 2, "STRICT_PACK"),
+                       Gang(({"CPU": 1.0},) * 3, "PACK"))
+    assert d.constraints == ({"CPU": 1.0},) * 3
+    assert state.skipped == 2
+    first, dead = state.nodes
+    assert first.node_id == "ab" * 28 and first.idle_seconds == 42.0 and first.alive
+    assert first.total == {"CPU": 2.0, "GPU": 2.0} and first.available == {"CPU": 2.0}
+    assert dead.alive is False and dead.idle_seconds == 0.0
+
+
+def test_an_empty_reply_is_no_demand_and_a_huge_count_is_capped():
+    assert read_state({}).demand.pending == ()
+    state = read_state({"pending_resource_requests": [{"request": req({"CPU": 1.0}), "count": "1000000"}]})
+    assert len(state.demand.pending) == MAX_PER_SHAPE
+    assert read_state({"pending_resource_requests": [{"request": req({"CPU": 1.0})}]}).demand.pending == ()
+
+
+@pytest.mark.parametrize("data, where", [
+    ([], "cluster resource state"),
+    ({"pending_resource_requests": "x"}, "pending_resource_requests: not a list"),
+    ({"pending_resource_requests": [{"count": "1"}]}, "pending_resource_requests[0].request: missing"),
+    ({"pending_resource_requests": [{"request": req({"GPU": "1"}), "count": "1"}]},
+     "pending_resource_requests[0].request.resources_bundle['GPU']"),
+    ({"pending_resource_requests": [{"request": req({"GPU": 1.0}), "count": "-1"}]}, "count: '-1' is negative"),
+    ({"pending_resource_requests": [{"request": req({"GPU": 1.0}), "count": "many"}]}, "count: 'many'"),
+    ({"pending_gang_resource_requests": [{"requests": [7]}]}, "pending_gang_resource_requests[0].requests[0]"),
+    ({"node_states": [{"idle_duration_ms": "soon"}]}, "node_states[0].idle_duration_ms"),
+    ({"node_states": [{"node_id": "***"}]}, "node_states[0].node_id"),
+    ({"node_states": [{"total_resources": [1]}]}, "node_states[0].total_resources"),
+])
+def test_a_reply_that_is_not_a_state_names_the_field(data, where):
+    with pytest.raises(StateError) as caught:
+        read_state(data)
+    assert where in str(caught.value), caught.value
