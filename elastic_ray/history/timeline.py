@@ -145,7 +145,7 @@ def draw(history: RunHistory, title: str) -> Any:
     ax.set_yticks(range(len(rows)), [row.label for row, _ in rows], fontsize=8)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     if history.first_at is not None:
-        pad = max(60.0, (end - history.first_at) * 0.02)
+        pad = max(2.0, (end - history.first_at) * 0.03)   # a short run fills the width too
         ax.set_xlim(_x(dates, history.first_at - pad), _x(dates, end + pad))
     else:
         ax.text(0.5, 0.5, "no events", transform=ax.transAxes, ha="center", va="center")
