@@ -77,3 +77,13 @@ def test_a_reply_that_is_not_a_state_names_the_field(data, where):
     with pytest.raises(StateError) as caught:
         read_state(data)
     assert where in str(caught.value), caught.value
+
+
+def test_request_resources_from_the_key_value_store_when_the_state_has_none():
+    state = read_state({}, [{"CPU": 1}, {"CPU": 1}, {"GPU": 0, "CPU": 2}, {"node:1.2.3.4": 1}])
+    assert state.demand.constraints == ({"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 2.0})
+    both = read_state({"cluster_resource_constraints": [{"resource_requests": [{"request": req({"GPU": 1.0}),
+                                                                                 "count": "1"}]}]}, [{"CPU": 1}])
+    assert both.demand.constraints == ({"GPU": 1.0},)
+    with pytest.raises(StateError, match=r"autoscaler_resource_request\[0\]"):
+        read_state({}, [{"CPU": "one"}])

@@ -4,7 +4,8 @@ A separate head (no CPUs, no GPUs of its own: the local scheduler's head allocat
 worker: four tasks asking for a GPU, a STRICT_SPREAD placement group of two GPU bundles and a
 ``request_resources`` of three CPUs all wait. A driver started by Session.run asks the head's
 GCS for its cluster resource state (the call the autoscaler's reader makes) and prints it as
-``MessageToDict`` gives it; the test reads it with ``autoscale.demand.read_state``.
+``MessageToDict`` gives it, with what ``request_resources`` left in the GCS's key-value store
+(Ray's autoscaler v1, the default, keeps it there); the test reads both with ``read_state``.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ wanted = ("pending_resource_requests", "pending_gang_resource_requests", "cluste
 deadline = time.time() + 60
 while True:
     state = MessageToDict(get_cluster_resource_state(gcs), preserving_proto_field_name=True)
-    if all(state.get(k) for k in wanted) or time.time() > deadline:
+    if all(state.get(k) for k in wanted[:2]) or time.time() > deadline:
         break
     time.sleep(0.5)
-print(json.dumps(state))
+kv = gcs.internal_kv_get(b"autoscaler_resource_request", None)
+print(json.dumps({"state": state, "requested": json.loads(kv) if kv else None}))
 '''
 
 
@@ -62,8 +64,9 @@ def test_the_head_s_resource_state_tells_tasks_groups_and_requests(tmp_path, mon
         out = tmp_path / "state.json"
         with out.open("w") as handle, (tmp_path / "driver.err").open("w") as err:
             session.run([sys.executable, "-c", DRIVER], stdout=handle, stderr=err).wait(timeout=150)
-        state = read_state(json.loads(out.read_text().strip().splitlines()[-1]))
-        assert state.demand.pending == ({"GPU": 1.0},) * 4, state
+        reply = json.loads(out.read_text().strip().splitlines()[-1])
+        state = read_state(reply["state"], reply["requested"])
+        assert state.demand.pending == ({"CPU": 1.0, "GPU": 1.0},) * 4, state   # a task asks a CPU too
         assert [(g.bundles, g.strategy) for g in state.demand.gangs] == [(({"GPU": 1.0},) * 2, "STRICT_SPREAD")]
         assert state.demand.constraints == ({"CPU": 1.0},) * 3
         assert len(state.nodes) == 1 and state.nodes[0].alive and len(state.nodes[0].node_id) == 56

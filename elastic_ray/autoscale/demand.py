@@ -55,8 +55,14 @@ class StateError(ValueError):
     """The reply is not a cluster resource state; names the field."""
 
 
-def read_state(data: Any) -> RayState:
-    """The autoscaler's view of one reply (see the module docstring)."""
+def read_state(data: Any, requested: Any = None) -> RayState:
+    """The autoscaler's view of one reply (see the module docstring).
+
+    ``requested``: what ``ray.autoscaler.sdk.request_resources`` left in the
+    GCS's key-value store (``autoscaler_resource_request``, a JSON list of
+    bundles), parsed. Ray writes it there, not into the state, unless its
+    autoscaler v2 runs (measured on 2.60: the state's constraints stay
+    empty); the state's own constraints win when it has any."""
     if not isinstance(data, Mapping):
         raise StateError(f"cluster resource state: {type(data).__name__} is not an object")
     skipped = 0
@@ -89,6 +95,13 @@ def read_state(data: Any) -> RayState:
                                 f"{where}.resource_requests[{j}].request")
             if shape is not None:
                 constraints += [shape] * min(_count(item, f"{where}.resource_requests[{j}]"), MAX_PER_SHAPE)
+    if not constraints and requested is not None:
+        if isinstance(requested, (str, bytes)) or not isinstance(requested, Sequence):
+            raise StateError("autoscaler_resource_request: not a list of bundles")
+        for j, bundle in enumerate(requested):
+            shape = _resources(bundle, f"autoscaler_resource_request[{j}]")
+            if shape and not any(name.startswith("node:") for name in shape):
+                constraints.append({k: v for k, v in shape.items() if v > 0})
     nodes = tuple(_node(n, f"node_states[{i}]") for i, n in enumerate(_list(data, "node_states")))
     return RayState(Demand(tuple(pending), tuple(gangs), tuple(constraints)), nodes, skipped)
 
