@@ -78,7 +78,7 @@ def decide(policy: AutoscalePolicy, demand: Demand, allocations: Sequence[Alloca
 
     # 1. What is coming, and what it serves.
     coming = sorted((a for a in mine if a.phase in (Phase.QUEUED, Phase.STARTING)),
-                    key=lambda a: (a.phase is not Phase.STARTING, _expected_start(a, estimates, now), a.job_id))
+                    key=lambda a: (a.phase is not Phase.STARTING, _expected_start(a, estimates), a.job_id))
     units, used = _unserved(demand, coming, allocations)
 
     # 2. Grow.
@@ -97,7 +97,7 @@ def decide(policy: AutoscalePolicy, demand: Demand, allocations: Sequence[Alloca
     # min_allocations: the floor is kept whatever the demand.
     short = policy.min_allocations - budget.total
     for _ in range(max(0, short)):
-        pool = next((i for i in ranked if budget.room(policy, i, nodes_of)), None)
+        pool = next((i for i in ranked if budget.room(policy, i)), None)
         if pool is None:
             break
         budget.add(policy, pool)
@@ -123,7 +123,7 @@ def decide(policy: AutoscalePolicy, demand: Demand, allocations: Sequence[Alloca
     actions += _shed(policy, demand, allocations, mine, keep, now)
 
     # 5. Replace before the walltime.
-    actions += _replace(policy, mine, nodes_of, now)
+    actions += _replace(policy, mine, now)
 
     return Decision(tuple(actions), Memory(unserved_since, unneeded), tuple(notes), len(units))
 
@@ -202,7 +202,7 @@ class _Budget:
             total += 1
         return cls(per_pool, queued, nodes, total)
 
-    def room(self, policy: AutoscalePolicy, pool: int, nodes_of: Sequence[Shape]) -> bool:
+    def room(self, policy: AutoscalePolicy, pool: int) -> bool:
         return self.bounded(policy, pool) and self.queued[pool] < policy.backlog
 
     def bounded(self, policy: AutoscalePolicy, pool: int) -> bool:
@@ -213,11 +213,15 @@ class _Budget:
         return (self.per_pool[pool] < p.max_allocations
                 and (policy.max_nodes is None or self.nodes + n <= policy.max_nodes))
 
-    def add(self, policy: AutoscalePolicy, pool: int) -> None:
-        self.per_pool[pool] += 1
-        self.queued[pool] += 1
-        self.nodes += policy.pools[pool].config.num_nodes or 1
-        self.total += 1
+    def add(self, policy: AutoscalePolicy, pool: int, count: int = 1) -> None:
+        self.per_pool[pool] += count
+        self.queued[pool] += count
+        self.nodes += count * (policy.pools[pool].config.num_nodes or 1)
+        self.total += count
+
+    def remove(self, policy: AutoscalePolicy, pool: int) -> None:
+        """Take back one :meth:`add` (a trial that did not place its unit)."""
+        self.add(policy, pool, -1)
 
 
 def _grow(policy: AutoscalePolicy, units: list[_Unit], nodes_of: Sequence[Shape], ranked: Sequence[int],
@@ -230,7 +234,7 @@ def _grow(policy: AutoscalePolicy, units: list[_Unit], nodes_of: Sequence[Shape]
     blocked: list[str] = []
     waiting: list[str] = []
     for unit in units:
-        candidates = [i for i in ranked if _holds(unit, nodes_of[i], policy.pools[i].config.num_nodes or 1)]
+        candidates = [i for i in ranked if _holds(unit, nodes_of[i])]
         if not candidates:
             notes.append(f"{unit.label} fits no pool's node ({', '.join(shapes.describe(n) for n in nodes_of)}):"
                          " nothing is submitted for it")
@@ -242,7 +246,7 @@ def _grow(policy: AutoscalePolicy, units: list[_Unit], nodes_of: Sequence[Shape]
             trial = [dict(c) for c in planned[pool]]
             n = policy.pools[pool].config.num_nodes or 1
             extra = 0
-            while budget.room(policy, pool, nodes_of):
+            while budget.room(policy, pool):
                 budget.add(policy, pool)
                 extra += 1
                 trial += [dict(nodes_of[pool]) for _ in range(n)]
@@ -250,7 +254,7 @@ def _grow(policy: AutoscalePolicy, units: list[_Unit], nodes_of: Sequence[Shape]
                     break
             else:
                 for _ in range(extra):
-                    _undo(budget, policy, pool)
+                    budget.remove(policy, pool)
                 if budget.bounded(policy, pool):
                     # Only the backlog holds it back: it waits for this pool (the soonest that
                     # can hold it) rather than going to one expected later.
@@ -281,21 +285,20 @@ def _grow(policy: AutoscalePolicy, units: list[_Unit], nodes_of: Sequence[Shape]
         # Every submission of a race is cancelled as soon as another one serves its demand.
         actions = [replace(a, raced=True) if isinstance(a, Submit) else a for a in actions]
         for pool in ranked:
-            if pool in opened or not any(_holds(u, nodes_of[pool], policy.pools[pool].config.num_nodes or 1)
+            if pool in opened or not any(_holds(u, nodes_of[pool])
                                          for u in units):
                 continue
-            if budget.room(policy, pool, nodes_of):
+            if budget.room(policy, pool):
                 budget.add(policy, pool)
                 actions.append(Submit(pool, f"race: no pool's start is known; {_pool_name(policy, pool)} "
                                             "as well, the first to start keeps the demand", raced=True))
     return actions
 
 
-def _holds(unit: _Unit, node: Shape, nodes: int) -> bool:
+def _holds(unit: _Unit, node: Shape) -> bool:
     if unit.strategy is None:
         return shapes.fits(unit.shapes[0], node)
-    needed = shapes.gang_nodes(unit.shapes, node, unit.strategy)
-    return needed is not None
+    return shapes.gang_nodes(unit.shapes, node, unit.strategy) is not None
 
 
 def _put(unit: _Unit, capacity: list[dict[str, float]]) -> bool:
@@ -313,13 +316,6 @@ def _put(unit: _Unit, capacity: list[dict[str, float]]) -> bool:
         return False
     capacity[:] = trial
     return True
-
-
-def _undo(budget: _Budget, policy: AutoscalePolicy, pool: int) -> None:
-    budget.per_pool[pool] -= 1
-    budget.queued[pool] -= 1
-    budget.nodes -= policy.pools[pool].config.num_nodes or 1
-    budget.total -= 1
 
 
 # ------------------------------------------------------------ 4. shed, 5. replace
@@ -350,8 +346,7 @@ def _shed(policy: AutoscalePolicy, demand: Demand, allocations: Sequence[Allocat
     return actions
 
 
-def _replace(policy: AutoscalePolicy, mine: Sequence[Allocation], nodes_of: Sequence[Shape],
-             now: float) -> list[Action]:
+def _replace(policy: AutoscalePolicy, mine: Sequence[Allocation], now: float) -> list[Action]:
     if policy.replace_before_walltime <= 0:
         return []
     replaced = {a.replaces for a in mine if a.replaces}
@@ -370,7 +365,7 @@ def _replace(policy: AutoscalePolicy, mine: Sequence[Allocation], nodes_of: Sequ
 
 # ------------------------------------------------------------ words
 
-def _expected_start(alloc: Allocation, estimates: Mapping[int, Estimate], now: float) -> float:
+def _expected_start(alloc: Allocation, estimates: Mapping[int, Estimate]) -> float:
     e = estimates.get(alloc.pool) if alloc.pool is not None else None
     return alloc.submitted_at if e is None or e.start_in is None else e.asked_at + e.start_in
 
