@@ -104,20 +104,13 @@ def run_main_demo(scheduler: str, workdir: Path, console: Console, units: int = 
 def show_history(path: Path, console: Console) -> None:
     """The run as its event log tells it: what it held, and its timeline drawn to a page."""
     from ..history.read import run_usage
+    from ..history.summary import draw_page
 
     history, figures = run_usage(path)
     console.print(f"         [dim]the event log: {len(history.events)} events "
                   f"(elastic-ray session events {path}); {figures.node_hours * 60:.1f} node-minutes, "
                   f"{figures.gpu_hours_held * 60:.1f} GPU-minutes held"
                   + ("" if figures.gpu_hours_idle is None else f", {figures.gpu_hours_idle * 60:.1f} idle") + "[/]")
-    try:
-        from ..history.timeline import TimelineError, render, title_of
-    except ImportError:
-        return
-    page = paths.timeline_page(path)
-    try:
-        page.write_bytes(render(history, "html", title=title_of(history)))
-    except (TimelineError, OSError) as exc:      # TimelineError: the extra (matplotlib) is not installed
-        console.print(f"         [dim]no timeline: {exc}[/]")
-        return
-    console.print(f"         [dim]the run's timeline: {page}[/]")
+    page = draw_page(path, history)      # None: no timeline extra, or the page could not be written
+    if page is not None:
+        console.print(f"         [dim]the run's timeline: {page}[/]")
