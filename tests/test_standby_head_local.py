@@ -140,7 +140,10 @@ def test_the_standby_follows_the_election_and_becomes_the_head_without_a_start(t
         # short one, and promoted there when the head was lost.
         events = [(e.kind, e.job) for e in event_log.read(s.dir.path).events
                   if e.kind in (EventKind.STANDBY_PLACED, EventKind.STANDBY_PROMOTED, EventKind.HEAD_MOVED)]
-        assert events[0] == (EventKind.STANDBY_PLACED, long) and (EventKind.STANDBY_PLACED, short) in events
+        # (when the short allocation joined first, the standby was placed there first, the only
+        # choice then, and moved to the long one once it joined: CI under load, 2026-12-02)
+        on_long = events.index((EventKind.STANDBY_PLACED, long))
+        assert (EventKind.STANDBY_PLACED, short) in events[on_long + 1:], events
         assert events[-2:] == [(EventKind.STANDBY_PROMOTED, short), (EventKind.HEAD_MOVED, short)], events
         wait_until(lambda: any(st.state is AgentState.JOINED and st.head_job == short
                                for st in s.node_states(short).values()),
