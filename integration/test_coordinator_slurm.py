@@ -99,7 +99,10 @@ PAYLOAD = [sys.executable, "-m", "elastic_ray.demo.payload"]
 
 @pytest.mark.slow
 def test_failover_loop_on_slurm(make_session):
-    """Full tier: on every change the fault matrix's head-cancel scenario runs this loop on the lab with more checks. The seed's loop: run, head lost, SlurmAllocationEnded, replace_head, run again."""
+    """Full tier only. The seed's loop: run, head lost, SlurmAllocationEnded, replace_head, run again.
+    On every change integration/test_dagster_slurm.py::test_head_cancelled_mid_asset_seed_loop runs
+    the same loop on the lab word for word (its head cancelled mid-asset), and the fault matrix's
+    per-change scenarios (elector-killed) start with a cancelled head too."""
     session = make_session()
     session.wait_for_head(timeout=120)
     worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(
