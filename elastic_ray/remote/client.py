@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 SERVER = ["-m", "elastic_ray.remote.server"]
 STDERR_LINES = 200  # the end of ssh's and the cluster side's stderr kept for an error message
 EXIT_GRACE = 10.0  # s for ssh to exit once the call answered
+#: s a failed call waits for the end of ssh's stderr (bounded: a persisting master connection
+#: that ssh forked keeps the pipe open, so the end may never come).
+STDERR_GRACE = 2.0
 CALL_MARGIN = 60.0  # s a call may take beyond the timeout it passes to the cluster side
 USAGE_TIMEOUT = 120.0  # s for the cluster side to read a run's log and draw its page (a big run: seconds)
 
@@ -56,7 +59,8 @@ class RemoteCall:
         self.on_event = on_event
         self.proc = conn.popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._stderr: collections.deque[bytes] = collections.deque(maxlen=STDERR_LINES)
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self._stderr_reader = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._stderr_reader.start()
         self.outcome: dict[str, Any] | None = None
         self.done = threading.Event()
         assert self.proc.stdin is not None
@@ -134,6 +138,10 @@ class RemoteCall:
         return self.outcome.get("value")
 
     def _failure(self, rc: int) -> Exception:
+        # ssh has exited, but its last words may still be on their way through the
+        # stderr reader: without this wait a loaded machine lost them (CI, 2026-12-02:
+        # a refused key reported as "no message").
+        self._stderr_reader.join(STDERR_GRACE)
         stderr = b"".join(self._stderr).decode(errors="replace").strip()
         if rc == SSH_FAILED:
             return SshError(self.conn.target, self.command, rc, stderr)
