@@ -37,6 +37,15 @@ Ops (all take ``--address HOST:PORT`` and ``--timeout SECONDS``):
     after), ``already_dead`` (not ALIVE before, unknown ids included) and
     ``still_alive``.
 
+``resource-state``
+    What Ray waits for and how busy its nodes are, for the autoscaler
+    (``coordinator/scaling/ray_demand``): the GCS's ``ClusterResourceState``
+    (``get_cluster_resource_state``, what Ray's own autoscaler reads) as
+    ``MessageToDict`` gives it with the proto's field names, under
+    ``state``, and the ``request_resources`` bundles Ray's autoscaler v1
+    keeps in the GCS key-value store, under ``requested`` (null: none).
+    The coordinator reads both with ``autoscale.demand.read_state``.
+
 Output: ``{"ok": true, "op": ..., ...}`` and exit 0, or
 ``{"ok": false, "op": ..., "error": <kind>, "message": ...}`` and exit 1
 (exit 2 for a usage error); kinds: ``usage``, ``unreachable``, ``auth``, or
@@ -54,7 +63,7 @@ import sys
 import time
 from typing import Any
 
-OPS = ("ready", "nodes", "own-node", "drain", "alive", "mark-dead")
+OPS = ("ready", "nodes", "own-node", "drain", "alive", "mark-dead", "resource-state")
 MAX_MARK_DEAD = 256
 DRAIN_REASONS = {
     "preemption": "DRAIN_NODE_REASON_PREEMPTION",
@@ -235,6 +244,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         return {"node": mine[-1] if mine else None, "matches": len(mine)}
     if args.op == "mark-dead":
         return _mark_dead(client, args, left)
+    if args.op == "resource-state":
+        return _resource_state(client, left)
     if args.op == "alive":
         # check_alive takes NodeID objects (raw bytes crash the 2.60 client).
         return {"node_id": args.node_id, "alive": bool(client.check_alive([node], timeout=left())[0])}
@@ -282,6 +293,19 @@ def _mark_dead(client: Any, args: argparse.Namespace, left: Any) -> dict[str, An
     return {"marked": [h for (h, _), a in zip(alive, after) if not a],
             "still_alive": [h for (h, _), a in zip(alive, after) if a],
             "already_dead": [h for h, a in zip(hexes, before) if not a]}
+
+
+def _resource_state(client: Any, left: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+    from ray.autoscaler.v2.sdk import get_cluster_resource_state
+
+    state = MessageToDict(get_cluster_resource_state(client), preserving_proto_field_name=True)
+    raw = client.internal_kv_get(b"autoscaler_resource_request", None, timeout=left())
+    try:
+        requested = json.loads(raw) if raw else None
+    except ValueError:
+        requested = None     # not ours to judge: the reader sees no request
+    return {"state": state, "requested": requested}
 
 
 def main(argv: list[str] | None = None) -> int:
