@@ -1,0 +1,90 @@
+"""The autoscaler's files (coordinator/scaling/store.py) and ``Session.autoscale``: real files, no jobs."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from elastic_ray import ConfigError, CorruptFileError, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from elastic_ray.autoscale import AutoscalePolicy, Pool
+from elastic_ray.config.launcher import RayLauncher
+from elastic_ray.coordinator.scaling import store
+from elastic_ray.coordinator.session import Session
+from elastic_ray.protocol.disk import event_log, paths
+from elastic_ray.protocol.disk.events import EventKind
+from elastic_ray.protocol.disk.records import SessionInfo
+from elastic_ray.protocol.disk.session_dir import SessionDir
+
+POLICY = AutoscalePolicy(pools=[Pool(SlurmWorkerAllocationConfig(partition="gpu-b", gpus_per_node=2),
+                                     max_allocations=2)], idle_timeout=60)
+
+
+@pytest.fixture
+def session(tmp_path):
+    info = SessionInfo(session_id=uuid.uuid4().hex, job_name="er-store", created_at=time.time(),
+                       scheduler={"kind": "local", "state_dir": str(tmp_path / "sched")},
+                       head=SlurmRunAllocationConfig(partition="cpu").to_dict(), launcher=RayLauncher().to_dict())
+    return Session(SessionDir.create(tmp_path / "s", info), supervise=False)
+
+
+def test_a_session_without_a_policy_has_no_file(session):
+    assert store.read_policy(session.path) is None and store.read_state(session.path) is None
+
+
+def test_autoscale_stores_the_policy_and_none_stops_it(session):
+    session.autoscale(POLICY)
+    assert store.read_policy(session.path).policy == POLICY
+    session.autoscale(POLICY.to_dict())          # the dict form (a session file, run config) is the same policy
+    assert store.read_policy(session.path).policy == POLICY
+    session.autoscale(None)
+    assert store.read_policy(session.path).policy is None
+    reasons = [e.reason for e in event_log.read(session.path).events if e.kind is EventKind.AUTOSCALE_POLICY]
+    assert reasons == ["set", "set", "stopped"]
+
+
+@pytest.mark.parametrize("bad, field", [
+    ("fast", "policy"),
+    (42, "policy"),
+    ({"pools": []}, "pools"),
+    ({"pools": [{"config": {"partition": "cpu"}}], "idle_timeout": -1}, "idle_timeout"),
+    ({"pools": [{"config": {"partition": "cpu"}, "max_allocations": 0}]}, "pools[0].max_allocations"),
+    ({"pools": [{"config": {"partition": "cpu"}}], "min_allocations": 3}, "min_allocations"),
+    ({"pools": [{"config": {"partition": "cpu"}}], "idle": 3}, "idle"),
+])
+def test_a_refused_policy_names_its_field_and_changes_nothing(session, bad, field):
+    session.autoscale(POLICY)
+    before = paths.autoscale_file(session.path).read_bytes()
+    with pytest.raises(ConfigError) as refused:
+        session.autoscale(bad)
+    assert refused.value.field == field
+    assert paths.autoscale_file(session.path).read_bytes() == before
+
+
+@pytest.mark.parametrize("content", [b"{", b"[]", b'{"version": 2, "set_at": 1, "policy": null}',
+                                     b'{"version": 1, "set_at": 1, "policy": {"pools": []}}',
+                                     b'{"version": 1, "policy": null}'])
+def test_a_damaged_or_newer_policy_file_is_refused_as_corrupt(session, content):
+    paths.autoscale_file(session.path).write_bytes(content)
+    with pytest.raises(CorruptFileError):
+        store.read_policy(session.path)
+
+
+def test_the_holder_s_state_round_trips(session):
+    state = store.ScalerState(holder="h:1:x", turn_at=5.0,
+                              jobs={"12": store.Tracked(POLICY.pools[0].config.to_dict(), 4.0, raced=True)},
+                              estimates={"0": {"partition": "gpu-b", "start_in": 0.0, "asked_at": 4.0}},
+                              unserved=2, notes=("a note",), recent=tuple({"at": float(i)} for i in range(15)))
+    store.write_state(session.path, state)
+    back = store.read_state(session.path)
+    assert back.jobs == state.jobs and back.notes == ("a note",) and back.unserved == 2
+    assert len(back.recent) == store.RECENT_KEPT and back.recent[-1]["at"] == 14.0
+
+
+@pytest.mark.parametrize("content", [b'{"version": 1, "jobs": []}', b'{"version": 1, "jobs": {"1": {}}}',
+                                     b'{"version": 1, "notes": "x"}', b'{"version": 9}'])
+def test_a_damaged_state_file_is_refused_as_corrupt(session, content):
+    paths.autoscale_state_file(session.path).write_bytes(content)
+    with pytest.raises(CorruptFileError):
+        store.read_state(session.path)
