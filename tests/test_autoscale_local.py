@@ -9,12 +9,17 @@ be drained and end COMPLETED. Every step is read back from the event log.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 
 import pytest
 
+from click.testing import CliRunner
+
 from elastic_ray import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from elastic_ray.cli import main
 from elastic_ray.autoscale import AutoscalePolicy, Pool
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.scaling import store
@@ -86,6 +91,13 @@ def test_pending_gpu_tasks_grow_the_run_on_the_pool_that_fits_then_idle_drains_i
         state = store.read_state(session.path)
         assert state is not None and state.jobs[job].ending and not state.error
         assert len(_decisions(session, "submit")) == 1, "nothing more was submitted"
+        # `session status --json` shows the autoscaler: on, run by this process, the job it drained.
+        shown = json.loads(CliRunner().invoke(main, ["session", "status", "--json", str(session.path)]).stdout)
+        scale = shown["autoscale"]
+        assert scale["on"] and scale["holder"].split(":")[1] == str(os.getpid()) and scale["jobs"][job]["ending"]
+        assert [r["action"] for r in scale["recent"]] == ["submit", "drain"]
+        table = CliRunner().invoke(main, ["session", "status", str(session.path)]).stdout
+        assert "autoscaler: on (2 pools: cpu, gpu-b)" in table and "idle" in table, table
         print(f"\npolicy set -> tasks done {t_ran:.1f} s; -> allocation COMPLETED {t_done:.1f} s")
     finally:
         session.teardown()

@@ -88,3 +88,35 @@ def test_a_damaged_state_file_is_refused_as_corrupt(session, content):
     paths.autoscale_state_file(session.path).write_bytes(content)
     with pytest.raises(CorruptFileError):
         store.read_state(session.path)
+
+
+# ---------------------------------------------------------------- the status view (pure)
+
+def _text(lines) -> str:
+    return "\n".join(line.plain for line in lines)
+
+
+def test_a_session_that_never_scaled_shows_nothing():
+    from elastic_ray.cli.status_view import autoscale_lines
+    from elastic_ray.coordinator.scaling.status import summary
+    assert summary(None, None, None, 100.0) is None and autoscale_lines(None, 100.0) == []
+
+
+def test_the_status_names_the_holder_the_last_decision_and_errors():
+    from elastic_ray.cli.status_view import autoscale_lines
+    from elastic_ray.coordinator.scaling.status import summary
+    from elastic_ray.protocol.disk.records import ElectionClaim
+    policy = store.PolicyFile(POLICY, 1.0)
+    state = store.ScalerState(holder="h:1:x", turn_at=95.0, unserved=2, notes=("2 unserved wait",),
+                              recent=({"at": 90.0, "action": "submit", "job": "7", "reason": "why not"},),
+                              error="Submit failed: no")
+    on = summary(policy, state, ElectionClaim("h:1:x", 50.0, 130.0), 100.0)
+    assert on["holder"] == "h:1:x" and on["lease_left"] == 30.0 and on["turn_age"] == 5.0
+    text = _text(autoscale_lines(on, 100.0))
+    assert "autoscaler: on (1 pool: gpu-b), run by h:1:x, last turn 5s ago, 2 unserved" in text
+    assert "waiting: 2 unserved wait" in text and "last decision (10s ago): why not" in text
+    assert "error: Submit failed: no" in text
+    lapsed = summary(policy, state, ElectionClaim("h:1:x", 50.0, 99.0), 100.0)
+    assert lapsed["holder"] is None and "run by no process" in _text(autoscale_lines(lapsed, 100.0))
+    off = summary(store.PolicyFile(None, 2.0), None, None, 100.0, ("state: damaged",))
+    assert _text(autoscale_lines(off, 100.0)) == "autoscaler: off\n  error: state: damaged"

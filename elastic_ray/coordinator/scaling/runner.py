@@ -24,6 +24,7 @@ An error in a turn is logged once while it lasts (the supervisor's
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -43,10 +44,13 @@ from ..allocations.pacing import watch_max_age
 from ..head.claims import holder_gone
 from ..head.supervise import RepeatedError
 from . import act, lease, store, view
-from .estimates import Estimates
+from .estimates import PROBE_EVERY, Estimates, pool_key
 from .ray_demand import DemandUnknown, read_demand
 
 log = logging.getLogger("elastic_ray.coordinator")
+
+#: Seconds before a pool whose submission failed (sbatch refused it) is submitted to again.
+SUBMIT_RETRY = PROBE_EVERY
 
 
 class Autoscaler:
@@ -64,6 +68,7 @@ class Autoscaler:
         self.estimates = Estimates()
         self.last_decision: Decision | None = None
         self._notes: tuple[str, ...] = ()
+        self._submit_failed: dict[str, float] = {}   # pool key -> when a submission to it failed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="elastic-ray-autoscaler", daemon=True)
         self._errors = RepeatedError(session.job_name)
@@ -116,7 +121,7 @@ class Autoscaler:
         now = self.clock()
         head, ray = read_demand(self.session)
         record = self.session.record()
-        jobs = self.session.query(max_age=watch_max_age(min(self.interval, 10.0)))
+        jobs = self.session.query(max_age=watch_max_age())   # the shared answer: no more squeue than today
         live = [j for j, w in record.workers.items() if j in jobs and not jobs[j].state.is_final]
         nodes = {j: self.session.node_states(j) for j in live}
         tracked = {j: t for j, t in self.state.jobs.items() if j in live}
@@ -144,7 +149,15 @@ class Autoscaler:
         for action in decision.actions:
             try:
                 if isinstance(action, Submit):
-                    job, entry = act.do_submit(self.session, policy, action, now)
+                    key = pool_key(policy.pools[action.pool].config)
+                    if now - self._submit_failed.get(key, -math.inf) < SUBMIT_RETRY:
+                        continue   # sbatch refused it a moment ago: not again every turn
+                    self._submit_failed.pop(key, None)
+                    try:
+                        job, entry = act.do_submit(self.session, policy, action, now)
+                    except (ElasticRayError, OSError):
+                        self._submit_failed[key] = now
+                        raise
                     tracked[job] = entry
                     # Written at once: a crash before the turn's end must not lose whose job this is.
                     self.state = replace(self.state, jobs=dict(tracked))
