@@ -1,14 +1,22 @@
 """The autoscaler for real on the local scheduler: real agents, real Ray, real demand.
 
-A separate head (no CPUs, no GPUs) and no worker: a driver asks for two tasks of
-``{"GPU": 1}``. The policy offers a CPU pool and a GPU pool; the autoscaler, run by
-this process's supervisor under the lease, must submit to the GPU pool only, the
-tasks must run there, and once the allocation sat idle for ``idle_timeout`` it must
-be drained and end COMPLETED. Every step is read back from the event log.
+A separate head (no CPUs, no GPUs) and no worker; gpu-a is held by another job (a
+``sleep`` of another name, 30 minutes). A driver asks for two tasks of ``{"GPU": 1}``.
+
+* The policy offers a CPU pool, gpu-a and gpu-b, in that order: the autoscaler, run by
+  this process's supervisor under the lease, must submit to gpu-b (the CPU pool cannot
+  hold a GPU task; gpu-a can, but the scheduler's ``test_only`` says it starts in
+  half an hour), the tasks must run there, and once the allocation sat idle for
+  ``idle_timeout`` it must be drained and end COMPLETED.
+* With gpu-a alone, the submission queues; the driver goes away (its tasks with it),
+  and ``cancel_delay`` later the queued job is cancelled.
+
+Every step is read back from the event log and ``session status``.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import sys
@@ -26,15 +34,17 @@ from elastic_ray.coordinator.scaling import store
 from elastic_ray.coordinator.session import Session
 from elastic_ray.protocol.disk import event_log
 from elastic_ray.protocol.disk.events import EventKind
-from elastic_ray.scheduler.base import JobState
+from elastic_ray.scheduler.base import JobSpec, JobState
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
 HEAD = SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G")
 CPU_POOL = SlurmWorkerAllocationConfig(partition="cpu", num_nodes=1, cpus_per_task=2, mem="2G", time_limit="30")
-GPU_POOL = SlurmWorkerAllocationConfig(partition="gpu-b", num_nodes=1, gpus_per_node=2, cpus_per_task=2, mem="2G",
-                                       time_limit="30")
+GPU_A = SlurmWorkerAllocationConfig(partition="gpu-a", num_nodes=1, gpus_per_node=1, cpus_per_task=2, mem="2G",
+                                    time_limit="30")
+GPU_B = SlurmWorkerAllocationConfig(partition="gpu-b", num_nodes=1, gpus_per_node=2, cpus_per_task=2, mem="2G",
+                                    time_limit="30")
 
 DRIVER = r'''
 import socket
@@ -49,57 +59,105 @@ print(sorted(set(ray.get([where.remote() for _ in range(2)], timeout=120))))
 '''
 
 
+@pytest.fixture
+def session(tmp_path, monkeypatch):
+    """A session on the local scheduler, supervised by this process, with gpu-a held by another job."""
+    monkeypatch.setenv("ELASTIC_AGENT_BACKOFF_BASE", "1")
+    monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
+    monkeypatch.setenv("ELASTIC_RAY_AUTOSCALE_INTERVAL", "1")
+    made = Session.create(tmp_path / "s", scheduler="local", head=HEAD, supervise=True,
+                          launcher=RayLauncher(object_store_memory=100_000_000))
+    other = made.scheduler.submit(JobSpec(
+        job_name="someone-else", role="worker", node_argv=("sleep", "1800"), workdir=tmp_path,
+        allocation=SlurmRunAllocationConfig(partition="gpu-a", gpus_per_node=4, cpus_per_task=1, mem="1G",
+                                            time_limit="30"), output=str(tmp_path / "other-%j.out")))
+    try:
+        yield made
+    finally:
+        made.scheduler.cancel(other)
+        made.teardown()
+        wait_until(lambda: all(i.state.is_final for i in made.query().values())
+                   and made.scheduler.query("someone-else", [other])[other].state.is_final, timeout=60,
+                   message="the jobs did not end after teardown")
+
+
 def _decisions(session: Session, action: str) -> list:
     return [e for e in event_log.read(session.path).events
             if e.kind is EventKind.SCALER_DECISION and e.details.get("action") == action]
 
 
-def test_pending_gpu_tasks_grow_the_run_on_the_pool_that_fits_then_idle_drains_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("ELASTIC_AGENT_BACKOFF_BASE", "1")
-    monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
-    monkeypatch.setenv("ELASTIC_RAY_AUTOSCALE_INTERVAL", "1")
-    session = Session.create(tmp_path / "s", scheduler="local", head=HEAD, supervise=True,
-                             launcher=RayLauncher(object_store_memory=100_000_000))
-    try:
-        session.wait_for_head(timeout=90)
-        t0 = time.monotonic()
-        session.autoscale(AutoscalePolicy(pools=[Pool(CPU_POOL, max_allocations=2), Pool(GPU_POOL)],
-                                          idle_timeout=3, demand_delay=0.5, backlog=1))
-        with (tmp_path / "driver.out").open("w") as out, (tmp_path / "driver.err").open("w") as err:
-            result = session.run([sys.executable, "-c", DRIVER], stdout=out, stderr=err).wait(timeout=150)
-        assert result.returncode == 0, (tmp_path / "driver.err").read_text()[-2000:]
-        t_ran = time.monotonic() - t0
+def test_pending_gpu_tasks_grow_the_pool_that_starts_first_then_idle_drains_it(session, tmp_path):
+    session.wait_for_head(timeout=90)
+    t0 = time.monotonic()
+    session.autoscale(AutoscalePolicy(pools=[Pool(CPU_POOL, max_allocations=2), Pool(GPU_A), Pool(GPU_B)],
+                                      idle_timeout=3, demand_delay=0.5, backlog=1))
+    with (tmp_path / "driver.out").open("w") as out, (tmp_path / "driver.err").open("w") as err:
+        result = session.run([sys.executable, "-c", DRIVER], stdout=out, stderr=err).wait(timeout=150)
+    assert result.returncode == 0, (tmp_path / "driver.err").read_text()[-2000:]
+    t_ran = time.monotonic() - t0
 
-        submits = _decisions(session, "submit")
-        assert [(e.details["partition"], e.details["pool"]) for e in submits] == [("gpu-b", 1)], submits
-        job = submits[0].job
-        assert "2 x {CPU: 1, GPU: 1}" in submits[0].reason and "gpu-b" in submits[0].reason, submits[0].reason
-        # The tasks ran on the node of that allocation: the one Ray node the driver printed is its node.
-        ran_on = eval((tmp_path / "driver.out").read_text().strip().splitlines()[-1])
-        assert ran_on == [s.node_id for s in session.node_states(job).values()]
+    submits = _decisions(session, "submit")
+    assert [(e.details["partition"], e.details["pool"]) for e in submits] == [("gpu-b", 2)], submits
+    job = submits[0].job
+    assert submits[0].reason.startswith("2 x {CPU: 1, GPU: 1} pending"), submits[0].reason
+    reason = submits[0].reason
+    assert "gpu-b starts now" in reason and "gpu-a in ~30 min" in reason and reason.endswith("submitted gpu-b"), reason
+    # The tasks ran on the node of that allocation: the one Ray node the driver printed is its node.
+    ran_on = ast.literal_eval((tmp_path / "driver.out").read_text().strip().splitlines()[-1])
+    assert ran_on == [s.node_id for s in session.node_states(job).values()]
 
-        # No demand now: idle_timeout later it is drained through its agents and ends COMPLETED.
-        wait_until(lambda: _decisions(session, "drain"), timeout=30, message="the idle allocation was not drained")
-        drain = _decisions(session, "drain")[0]
-        assert drain.job == job and "idle" in drain.reason
-        final = wait_until(lambda: (i := session.job_info(job)) is not None and i.state.is_final and i, timeout=60,
-                           message="the drained allocation did not end")
-        assert final.state is JobState.COMPLETED
-        t_done = time.monotonic() - t0
-        lease_events = [e for e in event_log.read(session.path).events if e.kind is EventKind.AUTOSCALE_LEASE]
-        assert lease_events and lease_events[0].reason == "taken"
-        state = store.read_state(session.path)
-        assert state is not None and state.jobs[job].ending and not state.error
-        assert len(_decisions(session, "submit")) == 1, "nothing more was submitted"
-        # `session status --json` shows the autoscaler: on, run by this process, the job it drained.
-        shown = json.loads(CliRunner().invoke(main, ["session", "status", "--json", str(session.path)]).stdout)
-        scale = shown["autoscale"]
-        assert scale["on"] and scale["holder"].split(":")[1] == str(os.getpid()) and scale["jobs"][job]["ending"]
-        assert [r["action"] for r in scale["recent"]] == ["submit", "drain"]
-        table = CliRunner().invoke(main, ["session", "status", str(session.path)]).stdout
-        assert "autoscaler: on (2 pools: cpu, gpu-b)" in table and "idle" in table, table
-        print(f"\npolicy set -> tasks done {t_ran:.1f} s; -> allocation COMPLETED {t_done:.1f} s")
-    finally:
-        session.teardown()
-        wait_until(lambda: all(i.state.is_final for i in session.query().values()), timeout=60,
-                   message="session jobs did not end after teardown")
+    # No demand now: idle_timeout later it is drained through its agents and ends COMPLETED.
+    wait_until(lambda: _decisions(session, "drain"), timeout=30, message="the idle allocation was not drained")
+    drain = _decisions(session, "drain")[0]
+    assert drain.job == job and "idle" in drain.reason
+    final = wait_until(lambda: (i := session.job_info(job)) is not None and i.state.is_final and i, timeout=60,
+                       message="the drained allocation did not end")
+    assert final.state is JobState.COMPLETED
+    t_done = time.monotonic() - t0
+    lease_events = [e for e in event_log.read(session.path).events if e.kind is EventKind.AUTOSCALE_LEASE]
+    assert lease_events and lease_events[0].reason == "taken"
+    state = store.read_state(session.path)
+    assert state is not None and state.jobs[job].ending and not state.error
+    assert len(_decisions(session, "submit")) == 1, "nothing more was submitted"
+    # `session status --json` shows the autoscaler: on, run by this process, the job it drained.
+    shown = json.loads(CliRunner().invoke(main, ["session", "status", "--json", str(session.path)]).stdout)
+    scale = shown["autoscale"]
+    assert scale["on"] and scale["holder"].split(":")[1] == str(os.getpid()) and scale["jobs"][job]["ending"]
+    assert [r["action"] for r in scale["recent"]] == ["submit", "drain"]
+    table = CliRunner().invoke(main, ["session", "status", str(session.path)]).stdout
+    assert "autoscaler: on (3 pools: cpu, gpu-a, gpu-b)" in table and "idle" in table, table
+    print(f"\npolicy set -> tasks done {t_ran:.1f} s; -> allocation COMPLETED {t_done:.1f} s")
+
+
+LEAVER = r'''
+import time
+import ray
+ray.init(logging_level="ERROR", log_to_driver=False)
+
+@ray.remote(num_gpus=1)
+def never():
+    return 1
+
+waiting = [never.remote() for _ in range(2)]
+time.sleep(float(__import__("sys").argv[1]))   # then leave: Ray drops the driver's pending tasks
+'''
+
+
+def test_a_queued_submission_no_longer_needed_is_cancelled(session, tmp_path):
+    session.wait_for_head(timeout=90)
+    session.autoscale(AutoscalePolicy(pools=[Pool(GPU_A)], demand_delay=0.5, cancel_delay=1))
+    t0 = time.monotonic()
+    with (tmp_path / "driver.err").open("w") as err:
+        run = session.run([sys.executable, "-c", LEAVER, "6"], stderr=err)
+        submitted = wait_until(lambda: _decisions(session, "submit"), timeout=30,
+                               message="nothing was submitted for the pending tasks")
+        assert run.wait(timeout=60).returncode == 0
+    job = submitted[0].job
+    assert submitted[0].details["partition"] == "gpu-a" and "gpu-a in ~30 min" in submitted[0].reason
+    assert session.job_info(job).state is JobState.PENDING, "gpu-a is held: the submission waits in the queue"
+    cancel = wait_until(lambda: _decisions(session, "cancel"), timeout=30, message="the queued job was not cancelled")
+    assert cancel[0].job == job and "not needed for" in cancel[0].reason
+    final = wait_until(lambda: (i := session.job_info(job)) is not None and i.state.is_final and i, timeout=30,
+                       message="the cancelled job did not end")
+    assert final.state is JobState.CANCELLED and len(_decisions(session, "submit")) == 1
+    print(f"\npolicy set -> queued job cancelled {time.monotonic() - t0:.1f} s")
