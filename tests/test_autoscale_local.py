@@ -35,7 +35,7 @@ from elastic_ray.coordinator.session import Session
 from elastic_ray.protocol.disk import event_log
 from elastic_ray.protocol.disk.events import EventKind
 from elastic_ray.scheduler.base import JobSpec, JobState
-from tests.helpers import wait_until
+from tests.helpers import stays, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
@@ -161,3 +161,33 @@ def test_a_queued_submission_no_longer_needed_is_cancelled(session, tmp_path):
                        message="the cancelled job did not end")
     assert final.state is JobState.CANCELLED and len(_decisions(session, "submit")) == 1
     print(f"\npolicy set -> queued job cancelled {time.monotonic() - t0:.1f} s")
+
+
+REQUEST = r'''
+import sys
+import ray
+from ray.autoscaler.sdk import request_resources
+ray.init(logging_level="ERROR", log_to_driver=False)
+request_resources(bundles=[{"CPU": 1}] * int(sys.argv[1]))   # kept by Ray until the next call, driver gone or not
+'''
+
+
+def test_request_resources_grows_the_run_with_no_task_and_clearing_it_shrinks_it(session, tmp_path):
+    session.wait_for_head(timeout=90)
+    session.autoscale(AutoscalePolicy(pools=[Pool(CPU_POOL, max_allocations=2)], idle_timeout=2, demand_delay=0.5))
+    t0 = time.monotonic()
+    assert session.run([sys.executable, "-c", REQUEST, "2"]).wait(timeout=60).returncode == 0
+    submitted = wait_until(lambda: _decisions(session, "submit"), timeout=30, message="nothing was submitted")
+    assert "2 x requested {CPU: 1}" in submitted[0].reason, submitted[0].reason
+    job = submitted[0].job
+    session.wait_for_worker_allocation(job, timeout=60)
+    # Idle, but request_resources still wants its CPUs: kept past idle_timeout, nothing more submitted.
+    stays(lambda: not _decisions(session, "drain") and len(_decisions(session, "submit")) == 1, 4.0,
+          message="an allocation request_resources needs was drained, or a second one submitted")
+    assert session.run([sys.executable, "-c", REQUEST, "0"]).wait(timeout=60).returncode == 0
+    drain = wait_until(lambda: _decisions(session, "drain"), timeout=30, message="nothing was drained after the clear")
+    assert drain[0].job == job
+    final = wait_until(lambda: (i := session.job_info(job)) is not None and i.state.is_final and i, timeout=60,
+                       message="the drained allocation did not end")
+    assert final.state is JobState.COMPLETED
+    print(f"\nrequest -> allocation up, cleared -> COMPLETED {time.monotonic() - t0:.1f} s")
