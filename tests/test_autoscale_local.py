@@ -191,3 +191,30 @@ def test_request_resources_grows_the_run_with_no_task_and_clearing_it_shrinks_it
                        message="the drained allocation did not end")
     assert final.state is JobState.COMPLETED
     print(f"\nrequest -> allocation up, cleared -> COMPLETED {time.monotonic() - t0:.1f} s")
+
+
+@pytest.mark.slow
+def test_scaling_goes_on_after_the_head_moves(session, tmp_path):
+    """The head moves onto the autoscaler's own allocation; the autoscaler then reads the new head's demand.
+
+    Slow (full tier): it runs a head move end to end, which ``test_coordinator_local.py``'s failover
+    test runs on every change; the loop reading whichever head ``ray_head`` names is run on every
+    change by the tests above (each turn reads the pointer afresh).
+    """
+    session.wait_for_head(timeout=90)
+    session.autoscale(AutoscalePolicy(pools=[Pool(CPU_POOL), Pool(GPU_B)], min_allocations=1, idle_timeout=600,
+                                      demand_delay=0.5))
+    floor = wait_until(lambda: _decisions(session, "submit"), timeout=30, message="min_allocations was not kept")
+    assert floor[0].details["partition"] == "cpu" and "below min_allocations=1" in floor[0].reason
+    session.wait_for_worker_allocation(floor[0].job, timeout=90)
+    old = session.record().head_job
+    session.scheduler.cancel(old)
+    head = session.replace_head(timeout=150)
+    assert head.job_id == floor[0].job, "the head moved onto the autoscaler's allocation"
+
+    with (tmp_path / "driver.err").open("w") as err:
+        result = session.run([sys.executable, "-c", DRIVER], stderr=err, head=head).wait(timeout=150)
+    assert result.returncode == 0, (tmp_path / "driver.err").read_text()[-2000:]
+    submits = _decisions(session, "submit")
+    assert [e.details["partition"] for e in submits] == ["cpu", "gpu-b"], submits
+    assert not _decisions(session, "drain"), "the allocation hosting the head is not drained while busy or needed"
