@@ -96,3 +96,23 @@ def test_a_killed_holder_s_lease_is_taken_over_by_another_supervising_process(se
             holder.wait(timeout=10)
         if ours is not None:
             ours.close()
+
+
+def test_a_lease_held_on_another_host_is_waited_out_then_taken(session_dir):
+    # A holder on another host cannot be seen dead from here: its lease is waited out. Written as that
+    # holder would (a short expiry stands in for the 45 s period, which the table test covers).
+    from dataclasses import replace
+    from elastic_ray.protocol.disk.records import ElectionClaim
+    elsewhere = "some-other-host:4242:abcd1234"
+    expires = time.time() + 3.0
+    session_dir.update_allocation(lambda r: replace(r, autoscaler=ElectionClaim(elsewhere, time.time(), expires)))
+    ours = Session.open(session_dir.path, supervise=True)
+    try:
+        stays(lambda: session_dir.read_allocation().autoscaler.claimant == elsewhere, max(0.5, expires - time.time() - 0.5),
+              message="the other host's live lease keeps")
+        wait_until(lambda: _holder_pid(session_dir) == os.getpid(), timeout=10, message="the lapsed lease was not taken")
+        assert time.time() >= expires
+        leases = [e for e in event_log.read(session_dir.path).events if e.kind is EventKind.AUTOSCALE_LEASE]
+        assert (leases[-1].reason, leases[-1].details["previous"]) == ("taken over", elsewhere)
+    finally:
+        ours.close()

@@ -186,7 +186,7 @@ class Autoscaler:
         now = self.clock()
         if self.held and not lease.due(record, self.holder, now):
             return True
-        before = lease.live_lease(record, now)
+        before = record.autoscaler   # live or lapsed: whoever held it last
         record = self.session.dir.update_allocation(
             lambda r: lease.take(r, self.holder, self.clock(), holder_dead=holder_gone))
         held = lease.holds(record, self.holder, self.clock())

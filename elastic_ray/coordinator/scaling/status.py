@@ -44,15 +44,17 @@ def summary(policy: store.PolicyFile | None, state: store.ScalerState | None, le
 
 
 def autoscale_status(session: Path, record: AllocationRecord, now: float) -> dict[str, Any] | None:
-    errors = []
+    errors: list[str] = []
+    policy: store.PolicyFile | None = None
+    state: store.ScalerState | None = None
     try:
         policy = store.read_policy(session)
     except CorruptFileError as exc:
-        policy, _ = None, errors.append(f"policy: {exc.reason}")
+        errors.append(f"policy: {exc.reason}")
     try:
         state = store.read_state(session)
     except CorruptFileError as exc:
-        state, _ = None, errors.append(f"state: {exc.reason}")
+        errors.append(f"state: {exc.reason}")
     return summary(policy, state, record.autoscaler, now, tuple(errors))
 
 

@@ -52,7 +52,7 @@ def allocations(policy: AutoscalePolicy, record: AllocationRecord, jobs: Mapping
         if info is None or info.state.is_final or worker.state is WorkerIntent.REMOVED:
             continue
         mine = tracked.get(job_id)
-        config = SlurmWorkerAllocationConfig.from_dict(worker.config)
+        config: SlurmWorkerAllocationConfig = SlurmWorkerAllocationConfig.from_dict(worker.config)  # type: ignore[assignment]
         count = config.num_nodes or 1
         joined = [s for s in nodes.get(job_id, {}).values()
                   if s.state is AgentState.JOINED and s.node_id and not s.exited
