@@ -8,10 +8,13 @@ policy. Output: the :class:`~elastic_ray.autoscale.records.Allocation`
 records :func:`~elastic_ray.autoscale.decide.decide` takes, one per live
 worker allocation. Tested by table (``tests/test_autoscale_view.py``).
 
-Phases: an allocation the session is draining or removing (or the
-autoscaler cancelled or drained) is DRAINING; one the scheduler holds is
-QUEUED; a running one whose nodes have not all joined the current head is
-STARTING; the rest are RUNNING. An allocation whose job ended is left out.
+Phases: an allocation the session is draining, or whose nodes drain or
+left on their own (the pre-walltime signal), or that the autoscaler
+cancelled or drained, is DRAINING: it counts for nothing; one the
+scheduler holds is QUEUED; a running one whose nodes have not all joined
+the current head is STARTING (capacity on its way); the rest are RUNNING.
+An allocation whose job ended, or that the session removed (a cancel or a
+drain asked through ``remove_worker_allocation``), is left out.
 A node counts as idle only when Ray says so (its idle duration above zero);
 an allocation is idle since its most recently busy node became idle, and
 only when Ray knows every one of its nodes.
@@ -33,6 +36,10 @@ from ...scheduler.base import JobInfo, JobState
 from .store import Tracked
 
 
+#: Agent states of a node on its way out: its allocation counts for nothing any more.
+_LEAVING = frozenset({AgentState.DRAINING, AgentState.LEFT, AgentState.RELEASED, AgentState.FAILED})
+
+
 def pool_of(policy: AutoscalePolicy, config: Mapping[str, Any]) -> int | None:
     """The index of the policy's pool submitted with ``config``; None when no pool has it (any more)."""
     for i, pool in enumerate(policy.pools):
@@ -52,13 +59,15 @@ def allocations(policy: AutoscalePolicy, record: AllocationRecord, jobs: Mapping
         if info is None or info.state.is_final or worker.state is WorkerIntent.REMOVED:
             continue
         mine = tracked.get(job_id)
+        states = list(nodes.get(job_id, {}).values())
+        leaving = any(st.exited or st.state in _LEAVING or st.drain_deadline is not None for st in states)
         config: SlurmWorkerAllocationConfig = SlurmWorkerAllocationConfig.from_dict(worker.config)  # type: ignore[assignment]
         count = config.num_nodes or 1
-        joined = [s for s in nodes.get(job_id, {}).values()
+        joined = [s for s in states
                   if s.state is AgentState.JOINED and s.node_id and not s.exited
                   and (pointer is None or s.head_job in (None, pointer))]
         known = [by_id[s.node_id] for s in joined if s.node_id in by_id]
-        if (worker.state is WorkerIntent.DRAINING or info.state is JobState.COMPLETING
+        if (worker.state is WorkerIntent.DRAINING or info.state is JobState.COMPLETING or leaving
                 or (mine is not None and mine.ending)):
             phase = Phase.DRAINING
         elif info.state is JobState.PENDING:
