@@ -107,7 +107,7 @@ def test_pending_gpu_tasks_grow_the_pool_that_starts_first_then_idle_drains_it(s
     assert ran_on == [s.node_id for s in session.node_states(job).values()]
 
     # No demand now: idle_timeout later it is drained through its agents and ends COMPLETED.
-    wait_until(lambda: _decisions(session, "drain"), timeout=30, message="the idle allocation was not drained")
+    wait_until(lambda: _decisions(session, "drain"), timeout=60, message="the idle allocation was not drained")
     drain = _decisions(session, "drain")[0]
     assert drain.job == job and "idle" in drain.reason
     final = wait_until(lambda: (i := session.job_info(job)) is not None and i.state.is_final and i, timeout=60,
@@ -139,7 +139,10 @@ def never():
     return 1
 
 waiting = [never.remote() for _ in range(2)]
-time.sleep(float(__import__("sys").argv[1]))   # then leave: Ray drops the driver's pending tasks
+marker, deadline = __import__("pathlib").Path(__import__("sys").argv[1]), time.time() + 120
+while not marker.exists() and time.time() < deadline:   # the test says when the submission was made
+    time.sleep(0.2)
+# then leave: Ray drops the driver's pending tasks
 '''
 
 
@@ -147,15 +150,17 @@ def test_a_queued_submission_no_longer_needed_is_cancelled(session, tmp_path):
     session.wait_for_head(timeout=90)
     session.autoscale(AutoscalePolicy(pools=[Pool(GPU_A)], demand_delay=0.5, cancel_delay=1))
     t0 = time.monotonic()
+    marker = tmp_path / "leave"
     with (tmp_path / "driver.err").open("w") as err:
-        run = session.run([sys.executable, "-c", LEAVER, "6"], stderr=err)
-        submitted = wait_until(lambda: _decisions(session, "submit"), timeout=30,
+        run = session.run([sys.executable, "-c", LEAVER, str(marker)], stderr=err)
+        submitted = wait_until(lambda: _decisions(session, "submit"), timeout=60,
                                message="nothing was submitted for the pending tasks")
+        marker.touch()
         assert run.wait(timeout=60).returncode == 0
     job = submitted[0].job
     assert submitted[0].details["partition"] == "gpu-a" and "gpu-a in ~30 min" in submitted[0].reason
     assert session.job_info(job).state is JobState.PENDING, "gpu-a is held: the submission waits in the queue"
-    cancel = wait_until(lambda: _decisions(session, "cancel"), timeout=30, message="the queued job was not cancelled")
+    cancel = wait_until(lambda: _decisions(session, "cancel"), timeout=60, message="the queued job was not cancelled")
     assert cancel[0].job == job and "not needed for" in cancel[0].reason
     final = wait_until(lambda: (i := session.job_info(job)) is not None and i.state.is_final and i, timeout=30,
                        message="the cancelled job did not end")
@@ -177,7 +182,7 @@ def test_request_resources_grows_the_run_with_no_task_and_clearing_it_shrinks_it
     session.autoscale(AutoscalePolicy(pools=[Pool(CPU_POOL, max_allocations=2)], idle_timeout=2, demand_delay=0.5))
     t0 = time.monotonic()
     assert session.run([sys.executable, "-c", REQUEST, "2"]).wait(timeout=60).returncode == 0
-    submitted = wait_until(lambda: _decisions(session, "submit"), timeout=30, message="nothing was submitted")
+    submitted = wait_until(lambda: _decisions(session, "submit"), timeout=60, message="nothing was submitted")
     assert "2 x requested {CPU: 1}" in submitted[0].reason, submitted[0].reason
     job = submitted[0].job
     session.wait_for_worker_allocation(job, timeout=60)
@@ -185,7 +190,7 @@ def test_request_resources_grows_the_run_with_no_task_and_clearing_it_shrinks_it
     stays(lambda: not _decisions(session, "drain") and len(_decisions(session, "submit")) == 1, 4.0,
           message="an allocation request_resources needs was drained, or a second one submitted")
     assert session.run([sys.executable, "-c", REQUEST, "0"]).wait(timeout=60).returncode == 0
-    drain = wait_until(lambda: _decisions(session, "drain"), timeout=30, message="nothing was drained after the clear")
+    drain = wait_until(lambda: _decisions(session, "drain"), timeout=60, message="nothing was drained after the clear")
     assert drain[0].job == job
     final = wait_until(lambda: (i := session.job_info(job)) is not None and i.state.is_final and i, timeout=60,
                        message="the drained allocation did not end")
@@ -204,7 +209,7 @@ def test_scaling_goes_on_after_the_head_moves(session, tmp_path):
     session.wait_for_head(timeout=90)
     session.autoscale(AutoscalePolicy(pools=[Pool(CPU_POOL), Pool(GPU_B)], min_allocations=1, idle_timeout=600,
                                       demand_delay=0.5))
-    floor = wait_until(lambda: _decisions(session, "submit"), timeout=30, message="min_allocations was not kept")
+    floor = wait_until(lambda: _decisions(session, "submit"), timeout=60, message="min_allocations was not kept")
     assert floor[0].details["partition"] == "cpu" and "below min_allocations=1" in floor[0].reason
     session.wait_for_worker_allocation(floor[0].job, timeout=90)
     old = session.record().head_job
