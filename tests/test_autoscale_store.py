@@ -120,3 +120,50 @@ def test_the_status_names_the_holder_the_last_decision_and_errors():
     assert lapsed["holder"] is None and "run by no process" in _text(autoscale_lines(lapsed, 100.0))
     off = summary(store.PolicyFile(None, 2.0), None, None, 100.0, ("state: damaged",))
     assert _text(autoscale_lines(off, 100.0)) == "autoscaler: off\n  error: state: damaged"
+
+
+# ---------------------------------------------------------------- `elastic-ray session autoscale`
+
+POLICY_TOML = """
+idle_timeout = 60
+[[pools]]
+max_allocations = 2
+[pools.config]
+partition = "gpu-b"
+gpus_per_node = 2
+"""
+
+
+def test_the_command_sets_shows_and_stops_the_policy(session, tmp_path):
+    import json
+    from click.testing import CliRunner
+    from elastic_ray.cli import main
+
+    run = lambda *args: CliRunner().invoke(main, ["session", "autoscale", str(session.path), *args])  # noqa: E731
+    assert run().stdout.strip() == "autoscaling: off"
+    (tmp_path / "policy.toml").write_text(POLICY_TOML)
+    shown = run("--policy", str(tmp_path / "policy.toml"))
+    assert shown.exit_code == 0 and shown.stdout.strip() == "autoscaling: on (gpu-b); run by no process yet"
+    assert store.read_policy(session.path).policy == POLICY
+    # A session file's [autoscale] table is accepted as well.
+    (tmp_path / "session.toml").write_text('[head]\npartition = "cpu"\n[autoscale]\n' + POLICY_TOML.replace(
+        "[[pools]]", "[[autoscale.pools]]").replace("[pools.config]", "[autoscale.pools.config]"))
+    assert run("--policy", str(tmp_path / "session.toml")).exit_code == 0
+    doc = json.loads(run("--json").stdout)
+    assert doc["command"] == "session autoscale" and doc["autoscale"]["on"]
+    assert doc["autoscale"]["policy"]["pools"][0]["max_allocations"] == 2
+    assert run("--off").stdout.strip() == "autoscaling: off" and store.read_policy(session.path).policy is None
+
+
+def test_the_command_refuses_a_bad_policy_naming_the_field_and_changes_nothing(session, tmp_path):
+    from click.testing import CliRunner
+    from elastic_ray.cli import main
+
+    session.autoscale(POLICY)
+    before = paths.autoscale_file(session.path).read_bytes()
+    (tmp_path / "bad.toml").write_text(POLICY_TOML.replace("max_allocations = 2", "max_allocations = 0"))
+    bad = CliRunner().invoke(main, ["session", "autoscale", str(session.path), "--policy", str(tmp_path / "bad.toml")])
+    assert bad.exit_code == 2 and "pools[0].max_allocations=0" in bad.output, bad.output
+    both = CliRunner().invoke(main, ["session", "autoscale", str(session.path), "--off", "--policy", "x.toml"])
+    assert both.exit_code == 2 and "not both" in both.output
+    assert paths.autoscale_file(session.path).read_bytes() == before
