@@ -206,7 +206,7 @@ SHARED_ANSWERS = _knob(
 AUTOSCALE_INTERVAL = _knob(
     "ELASTIC_RAY_AUTOSCALE_INTERVAL", "seconds", defaults.AUTOSCALE_INTERVAL,
     "how often the process holding a session's autoscaler lease reads Ray's demand and decides "
-    "(each turn starts one short-lived Ray probe process)",
+    "(one call to the head's GCS, through the probe process it keeps)",
     ("coordinator/scaling/runner.py",), _number(0.2), minimum=0.2)
 DETACHED_IDLE_INTERVAL = _knob(
     "ELASTIC_RAY_DETACHED_IDLE_INTERVAL", "seconds", defaults.DETACHED_IDLE_INTERVAL,

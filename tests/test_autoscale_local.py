@@ -22,6 +22,7 @@ import os
 import sys
 import time
 
+import psutil
 import pytest
 
 from click.testing import CliRunner
@@ -81,6 +82,13 @@ def session(tmp_path, monkeypatch):
                    message="the jobs did not end after teardown")
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _decisions(session: Session, action: str) -> list:
     return [e for e in event_log.read(session.path).events
             if e.kind is EventKind.SCALER_DECISION and e.details.get("action") == action]
@@ -126,6 +134,13 @@ def test_pending_gpu_tasks_grow_the_pool_that_starts_first_then_idle_drains_it(s
     assert [r["action"] for r in scale["recent"]] == ["submit", "drain"]
     table = CliRunner().invoke(main, ["session", "status", str(session.path)]).stdout
     assert "autoscaler: on (3 pools: cpu, gpu-a, gpu-b)" in table and "idle" in table, table
+    # One probe process served every turn; stopping the policy gives the lease back and ends it.
+    scaler = session.supervisor.autoscaler
+    probe = scaler.demand.pid
+    assert scaler.demand.starts == 1 and probe is not None and psutil.pid_exists(probe)
+    session.autoscale(None)
+    wait_until(lambda: not scaler.held and not _running(probe), timeout=30,
+               message="the lease was kept or the probe left running after the policy stopped")
     print(f"\npolicy set -> tasks done {t_ran:.1f} s; -> allocation COMPLETED {t_done:.1f} s")
 
 

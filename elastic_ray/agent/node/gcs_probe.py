@@ -45,6 +45,11 @@ Ops (all take ``--address HOST:PORT`` and ``--timeout SECONDS``):
     ``state``, and the ``request_resources`` bundles Ray's autoscaler v1
     keeps in the GCS key-value store, under ``requested`` (null: none).
     The coordinator reads both with ``autoscale.demand.read_state``.
+    With ``--serve`` the probe stays: it answers one line for every line it
+    reads on stdin and ends at EOF, so a caller asking every few seconds
+    pays the interpreter and ``import ray`` once (the autoscaler's watcher,
+    ``coordinator/scaling/ray_demand``). A failed ask is answered like a
+    failed op and the probe goes on; ``--timeout`` bounds the connection.
 
 Output: ``{"ok": true, "op": ..., ...}`` and exit 0, or
 ``{"ok": false, "op": ..., "error": <kind>, "message": ...}`` and exit 1
@@ -92,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--message", default="")
     parser.add_argument("--deadline-ms", type=int, default=0)
     parser.add_argument("--node-ids", default="")
+    parser.add_argument("--serve", action="store_true")
     return parser
 
 
@@ -179,6 +185,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise _UsageError(f"{args.op} needs --node-id")
     if args.op == "drain" and not args.reason:
         raise _UsageError("drain needs --reason")
+    if args.serve and args.op != "resource-state":
+        raise _UsageError("--serve is for resource-state only")
     if args.op == "mark-dead":
         ids = [i for i in args.node_ids.split(",") if i]
         if not ids or len(ids) > MAX_MARK_DEAD:
@@ -323,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         except _UsageError as exc:
             return _answer(answer_fd, {"ok": False, "op": op, "error": "usage", "message": str(exc)}, 2)
         _bound_connect_time(args.timeout)
+        if args.serve:
+            return _serve(args, answer_fd)
         try:
             result = _run(args)
         except _UsageError as exc:
@@ -344,6 +354,25 @@ def _error_kind(exc: BaseException) -> str:
     if "Timed out while waiting for GCS" in text or name in ("RpcError", "GetTimeoutError"):
         return "unreachable"
     return name
+
+
+def _serve(args: argparse.Namespace, fd: int) -> int:
+    """``resource-state --serve``: one answer a request line, until stdin ends."""
+    client = None
+    for _line in iter(sys.stdin.buffer.readline, b""):
+        started = time.monotonic()
+        left = lambda: max(0.5, args.timeout - (time.monotonic() - started))  # noqa: E731
+        try:
+            if _token_missing():
+                raise _AuthError("RAY_AUTH_MODE=token but no token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, "
+                                 "~/.ray/auth_token)")
+            if client is None:
+                from ray._raylet import GcsClient
+                client = GcsClient(address=args.address)
+            _answer(fd, {"ok": True, "op": args.op, **_resource_state(client, left)}, 0)
+        except Exception as exc:    # one JSON line whatever went wrong; the next ask tries again
+            _answer(fd, {"ok": False, "op": args.op, "error": _error_kind(exc), "message": str(exc)[:2000]}, 1)
+    return 0
 
 
 def _answer(fd: int, payload: dict[str, Any], code: int) -> int:

@@ -45,7 +45,7 @@ from ..head.claims import holder_gone
 from ..head.supervise import RepeatedError
 from . import act, lease, store, view
 from .estimates import PROBE_EVERY, Estimates, pool_key
-from .ray_demand import DemandUnknown, read_demand
+from .ray_demand import DemandWatcher
 
 log = logging.getLogger("elastic_ray.coordinator")
 
@@ -66,6 +66,7 @@ class Autoscaler:
         self.state = store.ScalerState()
         self.memory = Memory()
         self.estimates = Estimates()
+        self.demand = DemandWatcher()
         self.last_decision: Decision | None = None
         self._notes: tuple[str, ...] = ()
         self._submit_failed: dict[str, float] = {}   # pool key -> when a submission to it failed
@@ -85,6 +86,7 @@ class Autoscaler:
             self._thread.join(timeout)
         if self.held:
             self._release("released")
+        self.demand.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -119,7 +121,7 @@ class Autoscaler:
         if not self._hold():
             return None
         now = self.clock()
-        head, ray = read_demand(self.session)
+        head, ray = self.demand.read(self.session)
         record = self.session.record()
         jobs = self.session.query(max_age=watch_max_age())   # the shared answer: no more squeue than today
         live = [j for j, w in record.workers.items() if j in jobs and not jobs[j].state.is_final]
@@ -194,6 +196,7 @@ class Autoscaler:
             self._take_over(None if before is None or before.claimant == self.holder else before.claimant)
         elif self.held and not held:
             log.warning("event=autoscale_lease_lost session=%s holder=%s", self.session.job_name, self.holder)
+            self.demand.close()
         self.held = held
         return held
 
@@ -224,6 +227,7 @@ class Autoscaler:
         except (ElasticRayError, OSError) as exc:
             log.warning("event=autoscale_release_failed session=%s error=%s", self.session.job_name, exc)
         self.held = False
+        self.demand.close()
 
     def _save(self, durable: bool) -> None:
         store.write_state(self.session.path, self.state, durable=durable)
