@@ -135,25 +135,30 @@ class Autoscaler:
         if any(asked):
             decision = decide(policy, ray.demand, allocations, self.estimates.for_policy(policy), self.memory, now)
         self.memory = decision.memory
-        tracked = self._act(policy, decision, tracked, now)
+        failed: list[str] = []
+        tracked = self._act(policy, decision, tracked, now, failed)
         if decision.notes != self._notes and decision.notes:
             act.note(self.session, "; ".join(decision.notes), decision.unserved)
         self._notes = decision.notes
         changed = tracked != dict(self.state.jobs)
         self.state = replace(self.state, holder=self.holder, turn_at=now, jobs=tracked,
                              estimates=self.estimates.to_dict(policy), unserved=decision.unserved,
-                             notes=decision.notes, error=None)
+                             notes=decision.notes, error="; ".join(failed)[:500] or None)
         self._save(durable=changed)
         self.last_decision = decision
         return decision
 
-    def _act(self, policy: AutoscalePolicy, decision: Decision, tracked: dict, now: float) -> dict:
+    def _act(self, policy: AutoscalePolicy, decision: Decision, tracked: dict, now: float,
+             failed: list[str]) -> dict:
+        """Carry the actions out; a failed one is logged, named in ``failed`` and the others go on."""
         for action in decision.actions:
             try:
                 if isinstance(action, Submit):
                     key = pool_key(policy.pools[action.pool].config)
-                    if now - self._submit_failed.get(key, -math.inf) < SUBMIT_RETRY:
-                        continue   # sbatch refused it a moment ago: not again every turn
+                    since = now - self._submit_failed.get(key, -math.inf)
+                    if since < SUBMIT_RETRY:   # sbatch refused it a moment ago: not again every turn
+                        failed.append(f"submit to pool {action.pool} held back: it failed {since:.0f} s ago")
+                        continue
                     self._submit_failed.pop(key, None)
                     try:
                         job, entry = act.do_submit(self.session, policy, action, now)
@@ -171,10 +176,10 @@ class Autoscaler:
                         tracked[job] = ended
                 else:
                     continue   # a Probe: asked before
-            except (ElasticRayError, OSError) as exc:
+            except (ElasticRayError, OSError, ValueError) as exc:
                 log.warning("event=autoscale_action_failed session=%s action=%s error=%s",
                             self.session.job_name, type(action).__name__, exc)
-                self.state = replace(self.state, error=f"{type(action).__name__} failed: {exc}"[:500])
+                failed.append(f"{type(action).__name__.lower()} failed: {exc}")
                 continue
             what = type(action).__name__.lower()
             log.info("event=autoscale_%s session=%s job=%s reason=%r", what, self.session.job_name, job, action.reason)
