@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import sys
 import time
 
@@ -109,7 +110,8 @@ def test_pending_gpu_tasks_grow_the_pool_that_starts_first_then_idle_drains_it(s
     job = submits[0].job
     assert submits[0].reason.startswith("2 x {CPU: 1, GPU: 1} pending"), submits[0].reason
     reason = submits[0].reason
-    assert "gpu-b starts now" in reason and "gpu-a in ~30 min" in reason and reason.endswith("submitted gpu-b"), reason
+    assert "gpu-b starts now" in reason and re.search(r"gpu-a in ~(29|30) min", reason), reason
+    assert reason.endswith("submitted gpu-b"), reason
     # The tasks ran on the node of that allocation: the one Ray node the driver printed is its node.
     ran_on = ast.literal_eval((tmp_path / "driver.out").read_text().strip().splitlines()[-1])
     assert ran_on == [s.node_id for s in session.node_states(job).values()]
@@ -173,7 +175,7 @@ def test_a_queued_submission_no_longer_needed_is_cancelled(session, tmp_path):
         marker.touch()
         assert run.wait(timeout=60).returncode == 0
     job = submitted[0].job
-    assert submitted[0].details["partition"] == "gpu-a" and "gpu-a in ~30 min" in submitted[0].reason
+    assert submitted[0].details["partition"] == "gpu-a" and re.search(r"gpu-a in ~(29|30) min", submitted[0].reason)
     assert session.job_info(job).state is JobState.PENDING, "gpu-a is held: the submission waits in the queue"
     cancel = wait_until(lambda: _decisions(session, "cancel"), timeout=60, message="the queued job was not cancelled")
     assert cancel[0].job == job and "not needed for" in cancel[0].reason

@@ -126,13 +126,20 @@ def test_a_pool_is_asked_at_most_once_a_minute_answered_or_not():
         return NOW + 120
 
     est = Estimates()
-    assert est.ask(GPU, predict, NOW) and est.ask(CPU2, predict, NOW)
-    assert not est.ask(GPU, predict, NOW + 30) and not est.ask(CPU2, predict, NOW + 59)
-    assert est.ask(GPU, predict, NOW + 60)
+    clock = lambda: NOW  # noqa: E731
+    assert est.ask(GPU, predict, NOW, clock) and est.ask(CPU2, predict, NOW, clock)
+    assert not est.ask(GPU, predict, NOW + 30, clock) and not est.ask(CPU2, predict, NOW + 59, clock)
+    assert est.ask(GPU, predict, NOW + 60, lambda: NOW + 60)
     assert asked == ["gpu-b", "cpu", "gpu-b"]
     got = est.for_policy(POLICY)
     assert got[1].start_in == pytest.approx(60.0) and got[0].start_in is None
     assert "not available" in est.to_dict(POLICY)["0"]["error"]
+
+
+def test_a_start_is_counted_from_the_answer_not_the_turn_s_start():
+    est = Estimates()
+    est.ask(GPU, lambda c: NOW + 1.5, NOW, lambda: NOW + 1.5)      # "now", said 1.5 s into the turn
+    assert est.for_policy(POLICY)[1].start_in == 0.0
 
 
 def test_an_endless_wait_is_an_unknown_start_and_a_takeover_keeps_the_answers():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,9 +61,11 @@ class Estimates:
         return out
 
     def ask(self, config: SlurmWorkerAllocationConfig, predict: Callable[[SlurmWorkerAllocationConfig], float],
-            now: float) -> bool:
+            now: float, clock: Callable[[], float] = time.time) -> bool:
         """Ask about one pool when the rate limit allows; True when it asked.
-        ``predict`` returns the expected start (epoch seconds; inf: no end in sight)."""
+        ``predict`` returns the expected start (epoch seconds; inf: no end in sight); the wait is
+        counted from when it answered (``clock``), not from ``now``, the turn's start: a scheduler
+        that says "now" a second into a slow turn must not read as "in a second"."""
         key = pool_key(config)
         if not self.may_ask(key, now):
             return False
@@ -75,7 +78,7 @@ class Estimates:
             log.warning("event=autoscale_estimate_failed partition=%s error=%s", config.partition, exc)
             return True
         self.errors.pop(key, None)
-        self.known[key] = Estimate(None if math.isinf(start) else max(0.0, start - now), now)
+        self.known[key] = Estimate(None if math.isinf(start) else max(0.0, start - max(now, clock())), now)
         return True
 
     def to_dict(self, policy: AutoscalePolicy) -> dict[str, Any]:
