@@ -106,6 +106,7 @@ def test_capacity_is_ray_s_once_every_node_is_known_else_the_pool_s_shape():
                   [ray("aa", 0, {"CPU": 4.0, "GPU": 2.0, "memory": 1e9})])[0]
     assert running.capacity == ({"CPU": 4.0, "GPU": 2.0, "memory": 1e9},)
     assert running.end_time == NOW + 3600 and queued.end_time is None
+    assert queued.free == () and running.free == ({"CPU": 4.0, "GPU": 2.0, "memory": 1e9},)
 
 
 def test_the_head_s_allocation_is_marked():

@@ -76,8 +76,8 @@ def allocations(policy: AutoscalePolicy, record: AllocationRecord, jobs: Mapping
             phase = Phase.STARTING
         else:
             phase = Phase.RUNNING
-        capacity = tuple(dict(n.total) for n in known) if phase is Phase.RUNNING and len(known) >= count \
-            else (node_shape(config),) * count
+        seen = phase is Phase.RUNNING and len(known) >= count
+        capacity = tuple(dict(n.total) for n in known) if seen else (node_shape(config),) * count
         idle_since = None
         if phase is Phase.RUNNING and len(known) >= count and all(n.idle_seconds > 0 for n in known):
             idle_since = now - min(n.idle_seconds for n in known)
@@ -88,7 +88,8 @@ def allocations(policy: AutoscalePolicy, record: AllocationRecord, jobs: Mapping
             capacity=capacity, submitted_at=mine.submitted_at if mine is not None else worker.submitted_at,
             end_time=end if info.state is JobState.RUNNING else None, idle_since=idle_since,
             hosts_head=worker.hosts_run_head or job_id == pointer,
-            raced=mine is not None and mine.raced, replaces=None if mine is None else mine.replaces))
+            raced=mine is not None and mine.raced, replaces=None if mine is None else mine.replaces,
+            free=tuple(dict(n.available) for n in known) if seen else ()))
     return out
 
 
