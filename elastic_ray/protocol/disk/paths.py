@@ -28,7 +28,8 @@ holds this text, and the table in docs/architecture.md, to it)::
                                     directory with one for a session
       allocation.json               the mutable record (AllocationRecord): head job, worker allocations (each with
                                     how it ended unasked, its resubmit wish and replacement), predecessors, election
-                                    claim, successor; a copy of the newest generation file, which it may lag
+                                    claim, the autoscaler's lease, successor; a copy of the newest generation file,
+                                    which it may lag
                                     written by: coordinator, by compare-and-swap (`SessionDir.update_allocation`,
                                     `protocol/disk/generations`); a restore (`protocol/disk/allocation_repair`)
                                     read by: coordinator, CLI (`session status`, `session repair`), the SSH server
@@ -596,8 +597,8 @@ ENTRIES: tuple[Entry, ...] = (
           "every process of the run; Dagster's sensor and the SSH server take a directory with one for a session"),
     Entry((ALLOCATION_FILE,),
           "the mutable record (AllocationRecord): head job, worker allocations (each with how it ended unasked, "
-          "its resubmit wish and replacement), predecessors, election claim, successor; a copy of the newest "
-          "generation file, which it may lag",
+          "its resubmit wish and replacement), predecessors, election claim, the autoscaler's lease, successor; a "
+          "copy of the newest generation file, which it may lag",
           "coordinator, by compare-and-swap (`SessionDir.update_allocation`, `protocol/disk/generations`); a "
           "restore (`protocol/disk/allocation_repair`)",
           "coordinator, CLI (`session status`, `session repair`), the SSH server"),
