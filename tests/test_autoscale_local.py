@@ -241,3 +241,39 @@ def test_scaling_goes_on_after_the_head_moves(session, tmp_path):
     submits = _decisions(session, "submit")
     assert [e.details["partition"] for e in submits] == ["cpu", "gpu-b"], submits
     assert not _decisions(session, "drain"), "the allocation hosting the head is not drained while busy or needed"
+
+
+GANG = r'''
+import ray
+from ray.util.placement_group import placement_group
+ray.init(logging_level="ERROR", log_to_driver=False)
+group = placement_group([{"GPU": 1}] * 2, strategy="STRICT_SPREAD")   # two nodes at once, or nothing
+ray.get(group.ready(), timeout=150)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy as InGroup
+where = ray.remote(num_gpus=1, num_cpus=0)(lambda: ray.get_runtime_context().get_node_id())
+print(sorted(ray.get([where.options(scheduling_strategy=InGroup(group, placement_group_bundle_index=i)).remote()
+                      for i in range(2)])))
+'''
+
+
+@pytest.mark.slow
+def test_a_placement_group_that_needs_two_nodes_gets_both(session, tmp_path):
+    """A STRICT_SPREAD group of two one-GPU bundles, a pool of one-GPU nodes: both allocations are
+    submitted in one decision (the group is served whole or not at all), and the group is placed.
+
+    Slow (full tier): the loop against the same real parts runs on every change in the tests above;
+    a gang's decision is in ``tests/test_autoscale_decide.py``'s tables and its reading from a real
+    head in ``tests/test_autoscale_demand_ray.py``, both on every change.
+    """
+    session.wait_for_head(timeout=90)
+    one_gpu = SlurmWorkerAllocationConfig(partition="gpu-b", num_nodes=1, gpus_per_node=1, cpus_per_task=1,
+                                          mem="1G", time_limit="30")
+    session.autoscale(AutoscalePolicy(pools=[Pool(one_gpu, max_allocations=2)], backlog=2, demand_delay=0.5))
+    with (tmp_path / "driver.out").open("w") as out, (tmp_path / "driver.err").open("w") as err:
+        result = session.run([sys.executable, "-c", GANG], stdout=out, stderr=err).wait(timeout=180)
+    assert result.returncode == 0, (tmp_path / "driver.err").read_text()[-2000:]
+    submits = _decisions(session, "submit")
+    assert len(submits) == 2 and abs(submits[0].at - submits[1].at) < 1.0, submits
+    assert "placement group" in submits[0].reason and "(1 of 2)" in submits[0].reason, submits[0].reason
+    ran_on = ast.literal_eval((tmp_path / "driver.out").read_text().strip().splitlines()[-1])
+    assert ran_on == sorted(s.node_id for e in submits for s in session.node_states(e.job).values())
