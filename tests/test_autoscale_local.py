@@ -277,3 +277,37 @@ def test_a_placement_group_that_needs_two_nodes_gets_both(session, tmp_path):
     assert "placement group" in submits[0].reason and "(1 of 2)" in submits[0].reason, submits[0].reason
     ran_on = ast.literal_eval((tmp_path / "driver.out").read_text().strip().splitlines()[-1])
     assert ran_on == sorted(s.node_id for e in submits for s in session.node_states(e.job).values())
+
+
+BUSY = r'''
+import time
+import ray
+ray.init(logging_level="ERROR", log_to_driver=False)
+ray.get(ray.remote(num_cpus=1)(lambda: time.sleep(25)).remote())   # keeps the allocation busy
+'''
+
+
+@pytest.mark.slow
+def test_a_busy_allocation_near_its_walltime_gets_a_replacement(session, tmp_path):
+    """A one-minute allocation kept busy: ``replace_before_walltime`` ahead of its end a replacement
+    of its pool is submitted (named as replacing it), before the first one drains at its signal.
+
+    Slow (full tier): the loop against the same real parts runs on every change in the tests above;
+    the walltime decision is in ``tests/test_autoscale_decide.py``'s tables, on every change.
+    """
+    session.wait_for_head(timeout=90)
+    short = SlurmWorkerAllocationConfig(partition="cpu", num_nodes=1, cpus_per_task=1, mem="1G", time_limit="1")
+    session.autoscale(AutoscalePolicy(pools=[Pool(short, max_allocations=2)], min_allocations=1,
+                                      replace_before_walltime=50, idle_timeout=600, demand_delay=0.5))
+    floor = wait_until(lambda: _decisions(session, "submit"), timeout=60, message="min_allocations was not kept")
+    first = floor[0].job
+    session.wait_for_worker_allocation(first, timeout=90)
+    with (tmp_path / "driver.err").open("w") as err:
+        run = session.run([sys.executable, "-c", BUSY], stderr=err)
+        again = wait_until(lambda: len(_decisions(session, "submit")) > 1 and _decisions(session, "submit"),
+                           timeout=60, message="no replacement was submitted before the walltime")
+        info = session.job_info(first)
+        assert info is not None and info.state is JobState.RUNNING, "replaced ahead of its end, not after"
+        assert run.wait(timeout=90).returncode == 0
+    replacement = again[1]
+    assert replacement.details["replaces"] == first and f"job {first} is busy and ends in" in replacement.reason
