@@ -6,7 +6,7 @@ supervising process never imports Ray and never hangs on a GCS that went
 away with its head. It stays while this process holds the autoscaler's
 lease and answers one line a turn, so a turn costs one GCS call, not an
 interpreter start and ``import ray`` (about a second of CPU); the price is
-its memory (about 100 MB) while the lease is held. It is started again when
+its memory (about 80 MB measured) while the lease is held. It is started again when
 the head moves (another address), when an answer is late (it is killed by
 its PID: our own child), or when it says the GCS is unreachable. The reply
 is read by :func:`elastic_ray.autoscale.demand.read_state`.
