@@ -23,6 +23,9 @@ from __future__ import annotations
 #: How often a session's supervisor asks the scheduler about the head (the
 #: heartbeat is watched in between), and how often the warm-standby keeper looks.
 SUPERVISE_INTERVAL = 30.0
+#: How often the process holding a session's autoscaler lease takes a turn
+#: (reads Ray's demand in a probe process, decides, acts).
+AUTOSCALE_INTERVAL = 5.0
 #: How long a wait that may sit behind a Slurm queue waits: a worker
 #: allocation joining, ``replace_head``, ``ready_head``, the Dagster
 #: resources' ``head_timeout``, the CLI's ``--timeout``.

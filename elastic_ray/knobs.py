@@ -203,6 +203,11 @@ SHARED_ANSWERS = _knob(
     "0 (or false, no, off) makes every waiting process ask the scheduler itself, unpaced, "
     "instead of sharing one stored answer",
     ("coordinator/allocations/answers.py",), _switch)
+AUTOSCALE_INTERVAL = _knob(
+    "ELASTIC_RAY_AUTOSCALE_INTERVAL", "seconds", defaults.AUTOSCALE_INTERVAL,
+    "how often the process holding a session's autoscaler lease reads Ray's demand and decides "
+    "(one call to the head's GCS, through the probe process it keeps)",
+    ("coordinator/scaling/runner.py",), _number(0.2), minimum=0.2)
 DETACHED_IDLE_INTERVAL = _knob(
     "ELASTIC_RAY_DETACHED_IDLE_INTERVAL", "seconds", defaults.DETACHED_IDLE_INTERVAL,
     "SSH mode: how often the detached supervisor looks whether every job of its session ended",

@@ -235,3 +235,27 @@ def test_a_busy_allocation_is_replaced_before_its_walltime(allocations, expected
 def test_no_replacement_with_replace_before_walltime_zero():
     decision = run(p=policy(replace_before_walltime=0), allocations=[alloc("5", 1, end_time=NOW + 10)])
     assert not submits(decision)
+
+
+# ------------------------------------------------------------ room Ray has free now
+
+@pytest.mark.parametrize("free, pending, expected_submits, unserved", [
+    pytest.param(({"CPU": 1.0, "GPU": 2.0},), 2, [], 0, id="a-node-that-just-joined-has-room:Ray-places-them"),
+    pytest.param(({"CPU": 1.0, "GPU": 1.0},), 2, [(1, False, None)], 1, id="room-for-one:one-more-allocation"),
+    pytest.param(((),), 2, [(1, False, None)], 2, id="busy-node:nothing-free"),
+])
+def test_pending_demand_that_fits_what_running_nodes_have_free_is_not_unserved(free, pending, expected_submits,
+                                                                              unserved):
+    running = alloc("7", 1, Phase.RUNNING, free=tuple(dict(f) for f in free))
+    decision = run(demand=Demand(pending=(GPU,) * pending), allocations=(running,))
+    assert submits(decision) == expected_submits and decision.unserved == unserved, decision
+
+
+def test_room_on_a_running_node_leaves_a_queued_submission_unneeded():
+    running = alloc("7", 1, Phase.RUNNING, free=({"CPU": 1.0, "GPU": 2.0},))
+    queued = alloc("8", 1, Phase.QUEUED, submitted_at=NOW - 100)
+    decision = run(demand=Demand(pending=(GPU,) * 2), allocations=(running, queued),
+                   memory=Memory(unneeded_since={"8": NOW - 31}))
+    assert [c.job_id for c in kinds(decision, Cancel)] == ["8"] and not submits(decision)
+    free_of_draining = alloc("7", 1, Phase.DRAINING, free=({"CPU": 1.0, "GPU": 2.0},))
+    assert submits(run(demand=Demand(pending=(GPU,) * 2), allocations=(free_of_draining,))) == [(1, False, None)]

@@ -32,7 +32,7 @@ def test_a_reply_with_every_kind_of_demand():
         "pending_gang_resource_requests": [
             {"requests": [req({"GPU": 2.0}, placement_constraints=[{"anti_affinity": {"label_name": "_PG_1",
                                                                                        "label_value": "x"}}])] * 2,
-             "details": "1:PENDING"},
+             "details": "3c4e5fe71be8f3d04d164ecb9f2f01000000:STRICT_SPREAD|PENDING"},   # as Ray 2.60 says it
             {"requests": [req({"GPU": 1.0}, placement_constraints=[{"affinity": {"label_name": "_PG_2"}}])] * 2},
             {"requests": [req({"CPU": 1.0})] * 3},
         ],
@@ -43,7 +43,7 @@ def test_a_reply_with_every_kind_of_demand():
     })
     d = state.demand
     assert d.pending == ({"GPU": 1.0},) * 4 + ({},) * 3
-    assert d.gangs == (Gang(({"GPU": 2.0},) * 2, "STRICT_SPREAD", "1:PENDING"), Gang(({"GPU": 1.0},) * 2, "STRICT_PACK"),
+    assert d.gangs == (Gang(({"GPU": 2.0},) * 2, "STRICT_SPREAD", "3c4e5fe71be8"), Gang(({"GPU": 1.0},) * 2, "STRICT_PACK"),
                        Gang(({"CPU": 1.0},) * 3, "PACK"))
     assert d.constraints == ({"CPU": 1.0},) * 3
     assert state.skipped == 2
@@ -51,6 +51,11 @@ def test_a_reply_with_every_kind_of_demand():
     assert first.node_id == "ab" * 28 and first.idle_seconds == 42.0 and first.alive
     assert first.total == {"CPU": 2.0, "GPU": 2.0} and first.available == {"CPU": 2.0}
     assert dead.alive is False and dead.idle_seconds == 0.0
+
+
+def test_a_group_described_otherwise_keeps_its_description():
+    state = read_state({"pending_gang_resource_requests": [{"requests": [req({"GPU": 1.0})], "details": "my group"}]})
+    assert state.demand.gangs[0].name == "my group"
 
 
 def test_an_empty_reply_is_no_demand_and_a_huge_count_is_capped():

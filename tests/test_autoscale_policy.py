@@ -65,12 +65,12 @@ def test_a_bad_pool_is_refused_naming_its_field(kwargs, field):
 
 @pytest.mark.parametrize("data, field", [
     pytest.param({"pools": [{"config": {"partition": "gpu-b"}}], "idle": 3}, "idle", id="unknown-key"),
-    pytest.param({"pools": [{"config": {"partition": "gpu-b", "gpus": 2}}]}, "pools[0].gpus",
+    pytest.param({"pools": [{"config": {"partition": "gpu-b", "gpus": 2}}]}, "pools[0].config.gpus",
                  id="unknown-config-key"),
     pytest.param({"pools": [{"max_allocations": 2}]}, "pools[0].config", id="pool-without-config"),
     pytest.param({"pools": [{"config": {"partition": "gpu-b"}, "max_allocations": 0}]},
                  "pools[0].max_allocations", id="pool-max-zero"),
-    pytest.param({"pools": [{"config": {"partition": "gpu b"}}]}, "pools[0].partition", id="bad-partition"),
+    pytest.param({"pools": [{"config": {"partition": "gpu b"}}]}, "pools[0].config.partition", id="bad-partition"),
     pytest.param({}, "pools", id="no-pools-key"),
     pytest.param([], "autoscale", id="not-a-table"),
 ])

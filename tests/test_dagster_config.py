@@ -139,3 +139,25 @@ ORPHAN_TABLE = [
 def test_orphan_rule(statuses, jobs, action):
     verdict, why = decide(statuses, jobs)
     assert verdict is action and why
+
+
+def test_the_autoscale_policy_is_run_config_checked_by_the_core():
+    from elastic_ray.autoscale import AutoscalePolicy, Pool
+    from elastic_ray.config import SlurmWorkerAllocationConfig as CoreWorker
+    from elastic_ray.dagster import AutoscaleConfig, AutoscalePoolConfig
+
+    config = AutoscaleConfig(pools=[AutoscalePoolConfig(config=SlurmWorkerAllocationConfig(partition="gpu-b",
+                                                                                           gpus_per_node=2),
+                                                        max_allocations=2)], idle_timeout=60)
+    assert config.to_core() == AutoscalePolicy(pools=[Pool(CoreWorker(partition="gpu-b", gpus_per_node=2), 2)],
+                                               idle_timeout=60)
+    for kwargs, field in [({"pools": []}, "pools=[]"), ({"idle_timeout": -1}, "idle_timeout=-1"),
+                          ({"pools": [{"config": {"partition": "gpu-b"}, "max_allocations": 0}]},
+                           "pools[0].max_allocations=0")]:
+        with pytest.raises(pydantic.ValidationError) as err:
+            AutoscaleConfig(**{"pools": [{"config": {"partition": "cpu"}}], **kwargs})
+        assert field in str(err.value)
+    compute = ComputeResource(mode="local", run_allocation=SlurmRunAllocationConfig(partition="cpu"),
+                              autoscale={"pools": [{"config": {"partition": "gpu-b"}}], "min_allocations": 1})
+    assert compute.autoscale.to_core().min_allocations == 1
+    assert ComputeResource(mode="local", run_allocation=SlurmRunAllocationConfig(partition="cpu")).autoscale is None

@@ -148,7 +148,7 @@ PURE_MODULES: tuple[str, ...] = (
     "cli/options.py", "cli/render_plan.py", "cli/status_model.py", "cli/status_view.py",
     "dagster/orphans.py", "remote/wire.py", "history/runs.py", "history/usage.py", "history/page.py",
     "config/autoscale.py", "autoscale/shapes.py", "autoscale/records.py", "autoscale/decide.py",
-    "autoscale/demand.py",
+    "autoscale/demand.py", "coordinator/scaling/lease.py", "coordinator/scaling/view.py",
 )
 EFFECTS = frozenset({"zmq", "psutil", "subprocess", "threading", "socket", "multiprocessing", "asyncio"})
 

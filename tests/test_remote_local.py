@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,30 @@ def test_a_head_drained_over_ssh_raises_step_drained_and_hands_over(remote):
     assert drained.value.job_id == head.job_id and drained.value.allocation_state == "DRAINING"
     new = s.replace_head(timeout=120)
     assert new.job_id == worker.job_id, "the running worker allocation took over"
+
+
+def test_a_policy_set_over_ssh_is_run_by_the_detached_supervisor(remote):
+    from elastic_ray import ConfigError
+    from elastic_ray.autoscale import AutoscalePolicy, Pool
+    from elastic_ray.coordinator.head.election import claimant_process
+    from elastic_ray.coordinator.scaling import store
+    from elastic_ray.protocol.disk import event_log
+    from elastic_ray.protocol.disk.events import EventKind
+
+    s = remote()
+    s.wait_for_head(timeout=120)
+    with pytest.raises(ConfigError) as refused:        # checked on this side: no call, nothing stored
+        s.autoscale({"pools": [{"config": {"partition": "cpu"}, "max_allocations": 0}]})
+    assert refused.value.field == "pools[0].max_allocations" and store.read_policy(Path(s.path)) is None
+    s.autoscale(AutoscalePolicy(pools=[Pool(WORKER)], min_allocations=1, demand_delay=0.5))
+
+    def submitted():
+        return [e for e in event_log.read(s.path).events
+                if e.kind is EventKind.SCALER_DECISION and e.details.get("action") == "submit"]
+    floor = wait_until(submitted, timeout=60, message="the detached supervisor did not keep min_allocations")
+    assert "below min_allocations=1" in floor[0].reason and floor[0].job in s.record().workers
+    lease = s.record().autoscaler
+    assert lease is not None and claimant_process(lease.claimant)[1] == s.supervisor_pid
+    s.autoscale(None)
+    assert store.read_policy(Path(s.path)).policy is None
+    wait_until(lambda: s.record().autoscaler is None, timeout=30, message="the lease was not given back")

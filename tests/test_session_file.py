@@ -128,6 +128,15 @@ def test_keys_left_out_are_not_passed_so_create_applies_its_own_defaults():
     ({"supervise_interval": "30"}, "supervise_interval", "a number of seconds"),
     ({"ray_head_only": False, "launcher": {"port_strategy": "fixed"}}, "launcher.port_strategy",
      "'random' or 'hash_jobid'"),
+    ({"autoscale": "on"}, "autoscale", "must be a table"),
+    ({"autoscale": {}}, "autoscale.pools", "must be a list"),
+    ({"autoscale": {"pools": []}}, "autoscale.pools", "at least one Pool"),
+    ({"autoscale": {"pools": [{"max_allocations": 2}]}}, "autoscale.pools[0].config", "is required"),
+    ({"autoscale": {"pools": [{"config": {"partiton": "gpu"}}]}}, "autoscale.pools[0].config.partiton",
+     "not a field"),
+    ({"autoscale": {"pools": [{"config": {"partition": "gpu"}}], "idle_timeout": 0}}, "autoscale.idle_timeout",
+     "above zero"),
+    ({"autoscale": {"pools": [{"config": {"partition": "gpu"}}], "idle": 5}}, "autoscale.idle", "not a field"),
 ])
 def test_every_refusal_names_the_file_and_the_dotted_key(data, key, words):
     full = {"head": {"partition": "cpu", "time_limit": "10"}, **data}
@@ -167,6 +176,47 @@ def test_from_config_refuses_a_bad_file_before_anything_is_created(tmp_path):
     assert not (tmp_path / "session").exists()
 
 
+AUTOSCALE = """
+[head]
+partition = "cpu"
+time_limit = "12:00:00"
+
+[autoscale]
+idle_timeout = 120
+max_nodes = 4
+
+[[autoscale.pools]]
+max_allocations = 2
+[autoscale.pools.config]
+partition = "gpu-b"
+gpus_per_node = 2
+time_limit = "4:00:00"
+"""
+
+
+def test_the_autoscale_table_is_the_policy_set_after_creation(tmp_path):
+    from elastic_ray.autoscale import AutoscalePolicy, Pool
+    calls = []
+
+    class FakeSession:
+        @classmethod
+        def create(cls, path, **kwargs):
+            calls.append("create")
+            return cls()
+
+        def autoscale(self, policy):
+            calls.append(policy)
+
+    sf = load_session_file(_write(tmp_path, AUTOSCALE))
+    expected = AutoscalePolicy(pools=[Pool(SlurmWorkerAllocationConfig(partition="gpu-b", gpus_per_node=2,
+                                                                       time_limit="4:00:00"), max_allocations=2)],
+                               idle_timeout=120, max_nodes=4)
+    assert sf.autoscale == expected and "autoscale" not in sf.create_kwargs
+    sf.create(FakeSession, path=tmp_path / "s")
+    assert calls == ["create", expected]
+    assert load_session_file(_write(tmp_path, FULL)).autoscale is None
+
+
 def test_create_passes_the_file_and_overrides_then_adds_the_workers(tmp_path):
     calls = []
 
@@ -185,3 +235,19 @@ def test_create_passes_the_file_and_overrides_then_adds_the_workers(tmp_path):
     assert path == tmp_path / "runs/train"
     assert kwargs["supervise"] is False and kwargs["job_name"] == "other" and kwargs["scheduler"] == "slurm"
     assert adds == [("add", 3, 2), ("add", None, 0)]
+
+
+@pytest.mark.parametrize("page", ["cli.md", "autoscale.md"])
+def test_the_docs_session_files_are_accepted(page):
+    # The TOML examples of these pages are session files: each must parse and pass every check.
+    import re
+    try:
+        import tomllib
+    except ModuleNotFoundError:   # Python 3.10
+        import tomli as tomllib   # type: ignore[no-redef]
+    text = (Path(__file__).resolve().parent.parent / "docs" / page).read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", text, re.S)
+    assert blocks
+    for block in blocks:
+        sf = parse_session_file(tomllib.loads(block), page)
+        assert sf.autoscale is not None, "each example shows the [autoscale] table"

@@ -86,6 +86,8 @@ GOLDEN = [
     (paths.local_scheduler_dir, (), "local-scheduler"),
     (paths.demo_commits_file, (), "commits.txt"),
     (paths.demo_payload_log, (), "payload.log"),
+    (paths.autoscale_file, (), "autoscale.json"),
+    (paths.autoscale_state_file, (), "autoscale-state.json"),
     (paths.creation_lock_file, (), "../s.lock"),
     (paths.ended_marker, (), "../s.ended"),
 ]

@@ -10,12 +10,14 @@ actions out lives elsewhere, and this module is tested by table
 
 How it decides, in order:
 
-1. **What is coming.** The nodes of the autoscaler's allocations that are
-   queued in Slurm or starting count as capacity on its way. Pending tasks
-   and actors are put on it first (starting ones before queued ones, queued
-   ones by their expected start), then placement groups (all bundles of a
-   group or none), then ``request_resources`` bundles, which must fit on the
-   run's whole capacity (running nodes included). What finds no room is the
+1. **What is coming.** What running nodes have free in Ray now (Ray places
+   a pending task there in a moment), then the nodes of the autoscaler's
+   allocations that are queued in Slurm or starting, count as capacity on
+   its way. Pending tasks and actors are put on it first (free room first,
+   then starting allocations before queued ones, queued ones by their
+   expected start), then placement groups (all bundles of a group or none),
+   then ``request_resources`` bundles, which must fit on the run's whole
+   capacity (running nodes included). What finds no room is the
    *unserved* demand.
 2. **Grow.** Unserved demand that has waited ``demand_delay`` goes to the
    pools whose node shape can hold it, the one Slurm expects to start first
@@ -132,9 +134,10 @@ def decide(policy: AutoscalePolicy, demand: Demand, allocations: Sequence[Alloca
 
 def _unserved(demand: Demand, coming: Sequence[Allocation],
               allocations: Sequence[Allocation]) -> tuple[list[_Unit], set[str]]:
-    """The demand the coming capacity does not serve, and the jobs it used."""
-    owners = [a.job_id for a in coming for _ in a.capacity]
-    free = [dict(node) for a in coming for node in a.capacity]
+    """The demand the free and coming capacity does not serve, and the coming jobs it used."""
+    room = [dict(node) for a in allocations if a.phase is Phase.RUNNING for node in a.free]
+    owners: list[str | None] = [None] * len(room) + [a.job_id for a in coming for _ in a.capacity]
+    free = room + [dict(node) for a in coming for node in a.capacity]
     used: set[str] = set()
     units: list[_Unit] = []
 
@@ -142,7 +145,7 @@ def _unserved(demand: Demand, coming: Sequence[Allocation],
         before = [dict(c) for c in free]
         if not _put(unit, free):
             return False
-        used.update(owners[j] for j, c in enumerate(free) if c != before[j])
+        used.update(o for j, c in enumerate(free) if c != before[j] and (o := owners[j]) is not None)
         return True
 
     reference = shapes.total(a.capacity[0] for a in coming if a.capacity) or {"CPU": 1.0}

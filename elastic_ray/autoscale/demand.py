@@ -86,7 +86,7 @@ def read_state(data: Any, requested: Any = None) -> RayState:
         if bundles:
             strategy = "STRICT_SPREAD" if "anti_affinity" in strategies else (
                 "STRICT_PACK" if "affinity" in strategies else "PACK")
-            gangs.append(Gang(tuple(bundles), strategy, str(entry.get("details", ""))[:80]))
+            gangs.append(Gang(tuple(bundles), strategy, _group_name(entry.get("details", ""))))
     constraints: list[Shape] = []
     for i, entry in enumerate(_list(data, "cluster_resource_constraints")):
         where = f"cluster_resource_constraints[{i}]"
@@ -104,6 +104,16 @@ def read_state(data: Any, requested: Any = None) -> RayState:
                 constraints.append({k: v for k, v in shape.items() if v > 0})
     nodes = tuple(_node(n, f"node_states[{i}]") for i, n in enumerate(_list(data, "node_states")))
     return RayState(Demand(tuple(pending), tuple(gangs), tuple(constraints)), nodes, skipped)
+
+
+def _group_name(details: Any) -> str:
+    """Ray describes a pending group as ``<group id hex>:<STRATEGY>|<STATE>``; the reasons show
+    the id's first 12 digits (``ray list placement-groups`` finds it by them)."""
+    text = str(details)
+    head = text.split(":", 1)[0]
+    if ":" in text and head and all(c in "0123456789abcdef" for c in head):
+        return head[:12]
+    return text[:80]
 
 
 def _request(request: Any, where: str) -> tuple[dict[str, float] | None, str | None]:

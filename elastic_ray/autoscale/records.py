@@ -34,6 +34,9 @@ class Allocation:
     since when none of its nodes ran a task or actor (None: busy now).
     ``raced``: submitted in a race, cancelled as soon as it is not needed.
     ``replaces``: the allocation it was submitted to replace at its walltime.
+    ``free``: for a running one, what each of its nodes has free in Ray right
+    now; pending demand that fits there is Ray's to place in a moment (a task
+    that just became schedulable on a node that just joined), not unserved.
     """
 
     job_id: str
@@ -46,6 +49,7 @@ class Allocation:
     hosts_head: bool = False
     raced: bool = False
     replaces: str | None = None
+    free: tuple[Shape, ...] = ()
 
 
 @dataclass(frozen=True)

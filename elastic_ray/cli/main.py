@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 
 from .. import __version__, knobs
+from .autoscale import autoscale_cmd
 from .create import create_cmd, render_cmd
 from .events_cmd import events_cmd
 from .history import timeline_cmd, usage_cmd
@@ -80,6 +81,7 @@ def demo(scheduler: str, workdir: Path | None, sleep: float, allocations_only: b
 
 
 session_group.add_command(create_cmd)
+session_group.add_command(autoscale_cmd)
 session_group.add_command(events_cmd)
 session_group.add_command(timeline_cmd)
 session_group.add_command(usage_cmd)

@@ -35,6 +35,7 @@ from ..scheduler.base import Scheduler
 from .options import OptionError, parse_ray_resources, worker_config
 from .output import (JSON_OPTION, JsonCommand, Progress, echo_json, err_console, failures_as_click, one_line,
                      out_console, session_directory)
+from ..coordinator.scaling.status import autoscale_status
 from .status_model import answer_outdated, build_status, health, job_sort_key
 from .status_view import format_duration, render_status
 
@@ -88,6 +89,7 @@ def collect_status(session: Session, heartbeat_wait: float = HEARTBEAT_WAIT,
     status = build_status(path=session.path, info=session.info, record=record, jobs=jobs, nodes=nodes,
                           pointer=pointer, endpoint=endpoint, observation=observation, now=now)
     status["scheduler_answer_age"] = None if answer is None else round(max(0.0, answer.age(now)), 1)
+    status["autoscale"] = autoscale_status(session.path, record, now)
     return status
 
 

@@ -90,6 +90,36 @@ def _failure_text(failure: Mapping[str, Any] | None) -> str:
     return "; ".join(parts)
 
 
+def autoscale_lines(scale: Mapping[str, Any] | None, now: float) -> list[Text]:
+    """The autoscaler's lines (none for a session that never had a policy)."""
+    if scale is None:
+        return []
+    if not scale["on"]:
+        lines = [Text.assemble(("autoscaler: ", "bold"), "off")]
+    else:
+        pools = scale["policy"]["pools"]
+        text = f"on ({len(pools)} pool{'s' if len(pools) != 1 else ''}: " + ", ".join(
+            str(p["config"].get("partition") or f"pool {i}") for i, p in enumerate(pools)) + ")"
+        if scale["holder"]:
+            text += f", run by {scale['holder']}"
+        else:
+            text += ", run by no process (no supervising process holds its lease)"
+        if scale["turn_age"] is not None:
+            text += f", last turn {format_duration(scale['turn_age'])} ago"
+        if scale["unserved"]:
+            text += f", {scale['unserved']} unserved"
+        lines = [Text.assemble(("autoscaler: ", "bold"), text)]
+    for note in scale["notes"]:
+        lines.append(Text(f"  waiting: {note}", style="yellow"))
+    if scale["recent"]:
+        last = scale["recent"][-1]
+        age = format_duration(max(0.0, now - last["at"])) if isinstance(last.get("at"), (int, float)) else "?"
+        lines.append(Text(f"  last decision ({age} ago): {last.get('reason', '')}"))
+    for error in ([scale["error"]] if scale["error"] else []) + list(scale["read_errors"]):
+        lines.append(Text(f"  error: {error}", style="red"))
+    return lines
+
+
 def render_status(status: Mapping[str, Any]) -> Group:
     """The status as a header line, a head line and a table of every job. Pure (builds renderables)."""
     now = status["observed_at"]
@@ -120,6 +150,7 @@ def render_status(status: Mapping[str, Any]) -> Group:
         extra.append(Text(f"{len(failures)} worker allocation(s) ended without being asked: " + ", ".join(
             f"{f['job_id']} {f['state']}" + (f" (resubmitted as {f['replaced_by']})" if f["replaced_by"] else "")
             for f in failures), style="red"))
+    extra += autoscale_lines(status.get("autoscale"), now)
     if status["election"] is not None:
         e = status["election"]
         extra.append(Text(f"election by {e['claimant']} "

@@ -50,8 +50,12 @@ class Pool:
         data = _mapping("pool", data, {"config", "max_allocations"})
         if "config" not in data:
             raise ConfigError("config", None, "is required: the worker allocation this pool submits")
-        return cls(config=SlurmWorkerAllocationConfig.from_dict(data["config"]),
-                   max_allocations=data.get("max_allocations", 1))
+        try:
+            config = SlurmWorkerAllocationConfig.from_dict(data["config"])
+        except ConfigError as exc:   # named by its place in the dict (and a TOML file): pools[i].config.<key>
+            where = "config" if exc.field == SlurmWorkerAllocationConfig.__name__ else f"config.{exc.field}"
+            raise ConfigError(where, exc.value, exc.reason) from None
+        return cls(config=config, max_allocations=data.get("max_allocations", 1))
 
 
 @dataclass(frozen=True)

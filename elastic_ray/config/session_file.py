@@ -4,7 +4,9 @@ and ``Session.from_config``. Pure apart from reading the file.
 The file maps one to one onto the keyword arguments of ``Session.create``
 (top-level keys, ``[head]``, ``[launcher]``, ``[worker_allocation]``) plus
 ``[[workers]]``: worker allocations added right after the session is
-created. Everything is checked here, before anything is created or
+created, and ``[autoscale]``: the autoscaler's policy
+(``AutoscalePolicy.from_dict``'s form, ``[[autoscale.pools]]`` with a
+``config`` table each), set right after that. Everything is checked here, before anything is created or
 submitted, and every error names the file and the dotted key
 (``session.toml: launcher.port_strategy: must be one of ...``), so a typo
 (``partiton``) is an error rather than a silently unset field.
@@ -30,6 +32,7 @@ from .. import knobs
 from ..errors import ConfigError
 # Defined in errors (its docstring says why); ``X as X`` keeps it importable from here, for type checkers too.
 from ..errors import SessionFileError as SessionFileError
+from .autoscale import AutoscalePolicy
 from .allocation import (
     SlurmRunAllocationConfig,
     SlurmWorkerAllocationConfig,
@@ -72,6 +75,7 @@ class SessionFile:
     path: Path | None
     create_kwargs: Mapping[str, Any]
     workers: tuple[WorkerToAdd, ...] = ()
+    autoscale: AutoscalePolicy | None = None
 
     def directory(self, given: str | os.PathLike[str] | None = None,
                   environ: Mapping[str, str] | None = None) -> Path:
@@ -93,6 +97,8 @@ class SessionFile:
         session = session_cls.create(path, **kwargs)
         for worker in self.workers:
             session.add_worker_allocation(worker.config, resubmit_on_failure=worker.resubmit_on_failure)
+        if self.autoscale is not None:
+            session.autoscale(self.autoscale)
         return session
 
 
@@ -121,9 +127,9 @@ def parse_session_file(data: Mapping[str, Any], file: str = "session.toml",
     (the file's directory), so a file means the same from any working directory.
     """
     for key in data:
-        if key not in _TOP and key not in _TABLES and key != "workers":
+        if key not in _TOP and key not in _TABLES and key not in ("workers", "autoscale"):
             raise SessionFileError(file, key, data[key], "unknown key (known: " + ", ".join(
-                [*_TOP, *_TABLES, "workers"]) + ")")
+                [*_TOP, *_TABLES, "workers", "autoscale"]) + ")")
     kwargs: dict[str, Any] = {}
     for key, (types, what) in _TOP.items():
         if key not in data:
@@ -179,8 +185,16 @@ def parse_session_file(data: Mapping[str, Any], file: str = "session.toml",
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise SessionFileError(file, f"{prefix}.resubmit_on_failure", count, "must be a whole number >= 0")
         added.append(WorkerToAdd(config, count))
+    policy = None
+    if "autoscale" in data:
+        if not isinstance(data["autoscale"], Mapping):
+            raise SessionFileError(file, "autoscale", data["autoscale"], "must be a table")
+        try:
+            policy = AutoscalePolicy.from_dict(data["autoscale"])
+        except ConfigError as exc:
+            raise SessionFileError(file, f"autoscale.{exc.field}", exc.value, exc.reason) from None
     path = kwargs.pop("path", None)
-    return SessionFile(file=file, path=path, create_kwargs=kwargs, workers=tuple(added))
+    return SessionFile(file=file, path=path, create_kwargs=kwargs, workers=tuple(added), autoscale=policy)
 
 
 def load_session_file(path: str | os.PathLike[str]) -> SessionFile:

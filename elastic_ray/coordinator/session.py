@@ -47,6 +47,7 @@ from .allocations.pacing import SchedulerLooks
 from .handles import Head, WorkerAllocation, log_tail
 from .head.headwatch import HeadObservation, HeadWatch
 from .head.supervise import HeadSupervisor
+from .scaling import store as scaling_store, runner as scaling_runner
 
 log = logging.getLogger("elastic_ray.coordinator")
 
@@ -96,7 +97,8 @@ class Session:
         about 2 s, the scheduler is asked every ``interval`` s, and a lost head
         is replaced (one election across all processes)."""
         if self.supervisor is None:
-            self.supervisor = HeadSupervisor(self, interval=interval, standby=standby.keeper(self, interval)).start()
+            self.supervisor = HeadSupervisor(self, interval=interval, standby=standby.keeper(self, interval),
+                                             autoscaler=scaling_runner.Autoscaler(self)).start()
         return self.supervisor
 
     def close(self) -> None:
@@ -382,8 +384,7 @@ class Session:
 
     @property
     def secret(self) -> bytes:
-        if self._secret is None:
-            self._secret = self.dir.secret()
+        self._secret = self._secret or self.dir.secret()
         return self._secret
 
     # ------------------------------------------------------------ head health and elections
@@ -469,6 +470,10 @@ class Session:
         """
         job_id = handle.job_id if isinstance(handle, WorkerAllocation) else handle
         return removal.remove_worker_allocation(self, job_id, drain_timeout, wait, progress)
+
+    def autoscale(self, policy: Any) -> None:
+        """Scale by itself with ``policy`` (None: stop, allocations stay); returns at once (:mod:`coordinator.scaling`)."""
+        scaling_store.set_policy(self.path, policy)
 
     # ------------------------------------------------------------ payload drivers
     def ray_client_env(self) -> dict[str, str]:

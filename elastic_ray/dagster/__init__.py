@@ -6,13 +6,16 @@ differences are listed in docs/dagster.md.
 """
 
 from ..errors import SlurmAllocationEnded, SlurmStepDrained
-from .configs import RayLauncher, SlurmQueueConfig, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from .configs import (AutoscaleConfig, AutoscalePoolConfig, RayLauncher, SlurmQueueConfig, SlurmRunAllocationConfig,
+                      SlurmWorkerAllocationConfig)
 from .resources import ComputeResource, SlurmResource, SlurmSessionResource
 from .ssh_mode import SSHConnectionResource
 from .run_session import RunSession
 from .sensor import build_orphan_sensor
 
 __all__ = [
+    "AutoscaleConfig",
+    "AutoscalePoolConfig",
     "ComputeResource",
     "RayLauncher",
     "RunSession",

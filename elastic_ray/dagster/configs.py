@@ -21,6 +21,8 @@ import pydantic
 
 from ..config import SlurmRunAllocationConfig as CoreRunAllocation
 from ..config import SlurmWorkerAllocationConfig as CoreWorkerAllocation
+from ..config.autoscale import AutoscalePolicy as CorePolicy
+from ..config.autoscale import Pool as CorePool
 from ..config.launcher import RayLauncher as CoreRayLauncher
 from ..config.queue import SlurmQueue as CoreQueue
 
@@ -112,6 +114,47 @@ SlurmWorkerAllocationConfig = generate_config("SlurmWorkerAllocationConfig", Cor
                                               base=SlurmRunAllocationConfig)
 RayLauncher = generate_config("RayLauncher", CoreRayLauncher)
 SlurmQueueConfig = generate_config("SlurmQueueConfig", CoreQueue)
+
+
+class AutoscalePoolConfig(dagster.Config):
+    """One pool of an autoscaling policy: the worker allocation it submits and how many at once."""
+
+    config: SlurmWorkerAllocationConfig  # type: ignore[valid-type]
+    max_allocations: int = 1
+
+    def to_core(self) -> CorePool:
+        return CorePool(self.config.to_core(), self.max_allocations)  # type: ignore[attr-defined]
+
+
+class _AutoscaleBase(_CoreBacked):
+    def to_core(self) -> Any:
+        from ..errors import ConfigError
+
+        values = {name: getattr(self, name) for name in self.__core_fields__}
+        pools = []
+        for i, pool in enumerate(values["pools"]):
+            try:
+                pools.append(pool.to_core())
+            except ConfigError as exc:   # named by its place: pools[i].max_allocations
+                raise ConfigError(f"pools[{i}].{exc.field}", exc.value, exc.reason) from None
+        return CorePolicy(**{**values, "pools": tuple(pools)})
+
+
+def _autoscale_config() -> type:
+    """The policy's fields generated from the core (``pools`` a list of :class:`AutoscalePoolConfig`)."""
+    hints = typing.get_type_hints(CorePolicy)
+    definitions: dict[str, Any] = {"pools": (list[AutoscalePoolConfig], ...)}
+    for f in dataclasses.fields(CorePolicy):
+        if f.name != "pools":
+            definitions[f.name] = (dagster_type(hints[f.name]), dagster_default(f))
+    model = pydantic.create_model("AutoscaleConfig", __base__=_AutoscaleBase, __module__=__name__, **definitions)
+    model.__core__ = CorePolicy
+    model.__core_fields__ = tuple(f.name for f in dataclasses.fields(CorePolicy))
+    model.__doc__ = CorePolicy.__doc__
+    return model
+
+
+AutoscaleConfig = _autoscale_config()
 
 
 def core_of(value: Any, core: type, field: str) -> Any:

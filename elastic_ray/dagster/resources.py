@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..config.queue import RunLayout, SlurmQueue, plan_run_layout, plan_session_layout
 from ..coordinator.session import Head, WorkerAllocation
 from .configs import (
+    AutoscaleConfig,
     RayLauncher,
     SlurmQueueConfig,
     SlurmRunAllocationConfig,
@@ -146,6 +147,9 @@ class ComputeResource(dagster.ConfigurableResource, _RunScoped):
                                   "(default: $ELASTIC_RAY_SESSION_ROOT or ~/.elastic-ray/sessions).")
     head_timeout: float = Field(default=defaults.WAIT_TIMEOUT, gt=0,
                                 description="Seconds run() waits for a queued or starting head.")
+    autoscale: Optional[AutoscaleConfig] = Field(  # type: ignore[valid-type]
+        default=None, description="The run grows and shrinks by itself with this policy (set when the run's "
+                                  "session is created; see the Autoscaling page); unset: it does not.")
 
     _run_session: Optional[RunSession] = PrivateAttr(default=None)
 
@@ -172,9 +176,13 @@ class ComputeResource(dagster.ConfigurableResource, _RunScoped):
         return kind
 
     def get_run_allocation_session(self, context: Any) -> RunSession:
-        """The run's session, created on first use by any step of the run."""
-        return self._open(context, self.layout(), self.default_launcher.to_core(),
-                          _queue_of(self.slurm), self.session_root, self.head_timeout)
+        """The run's session, created on first use by any step of the run (which sets ``autoscale``'s policy)."""
+        fresh = self._run_session is None
+        run_session = self._open(context, self.layout(), self.default_launcher.to_core(),
+                                 _queue_of(self.slurm), self.session_root, self.head_timeout)
+        if fresh and run_session.created and self.autoscale is not None:
+            run_session.autoscale(self.autoscale.to_core())  # type: ignore[attr-defined]
+        return run_session
 
     def run(self, context: Any, payload_path: str, *, args: typing.Sequence[str] = (),
             extra_env: Optional[typing.Mapping[str, str]] = None, python: Optional[str] = None,

@@ -127,6 +127,10 @@ class RunSession:
         return self.session.remove_worker_allocation(handle, drain_timeout=drain_timeout, wait=wait,
                                                      progress=progress)
 
+    def autoscale(self, policy: Any) -> None:
+        """Scale the run by itself with ``policy`` (None: stop); see ``Session.autoscale``."""
+        self.session.autoscale(policy)  # type: ignore[attr-defined] - Session and RemoteSession both have it
+
     # -- head
     def replace_head(self, timeout: float = defaults.WAIT_TIMEOUT, progress: Callable[[str], None] | None = None) -> Head:
         return self.session.replace_head(timeout=timeout, progress=progress)

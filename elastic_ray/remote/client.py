@@ -30,6 +30,8 @@ from ..config import SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from ..config.launcher import RayLauncher
 from ..coordinator.drivers import RunResult
 from ..coordinator.handles import Head, WorkerAllocation
+from ..coordinator.scaling.store import as_policy
+from ..config.autoscale import AutoscalePolicy
 from ..errors import ConfigError
 from ..history.summary import UsageSummary
 from ..protocol.disk.records import AllocationRecord, SessionInfo
@@ -359,6 +361,12 @@ class RemoteSession:
             raise ConfigError("config", config, "must be a SlurmWorkerAllocationConfig")
         job = self._call("add_worker", config=None if config is None else config.to_dict())
         return WorkerAllocation(self, job)
+
+    def autoscale(self, policy: AutoscalePolicy | Mapping[str, Any] | None) -> None:
+        """Scale the run by itself with ``policy`` (None: stop; allocations stay), as ``Session.autoscale``;
+        the cluster side's detached supervisor runs it. Checked here first: a refused policy makes no call."""
+        checked = as_policy(policy)
+        self._call("autoscale", policy=None if checked is None else checked.to_dict())
 
     def wait_for_worker_allocation(self, handle: WorkerAllocation | str, timeout: float = defaults.WAIT_TIMEOUT,
                                    progress: Callable[[str], None] | None = None) -> dict[str, str]:

@@ -170,6 +170,12 @@ def op_drain_job(args: Mapping[str, Any], reply: Reply) -> Any:
                                     str(args.get("reason", "request_drain")))
 
 
+def op_autoscale(args: Mapping[str, Any], reply: Reply) -> Any:
+    # Stored for the session's supervising processes: in this mode the detached supervisor runs it.
+    _session(args).autoscale(args.get("policy"))
+    return None
+
+
 def op_worker_allocations(args: Mapping[str, Any], reply: Reply) -> Any:
     return [w.job_id for w in _session(args).worker_allocations]
 
@@ -294,7 +300,7 @@ OPS: dict[str, Callable[[Mapping[str, Any], Reply], Any]] = {
     "remove_worker": op_remove_worker, "drain_job": op_drain_job, "worker_allocations": op_worker_allocations,
     "replace_head": op_replace_head, "teardown": op_teardown, "put_file": op_put_file,
     "open_or_create": op_open_or_create, "ready_head": op_ready_head, "head_is_lost": op_head_is_lost,
-    "usage": op_usage,
+    "usage": op_usage, "autoscale": op_autoscale,
 }
 # Waits the client may abandon: nothing is under way that the client's absence changes.
 ABANDONABLE = frozenset({"hello", "open", "record", "head", "wait_for_head", "wait_worker", "worker_allocations",

@@ -37,6 +37,20 @@ Ops (all take ``--address HOST:PORT`` and ``--timeout SECONDS``):
     after), ``already_dead`` (not ALIVE before, unknown ids included) and
     ``still_alive``.
 
+``resource-state``
+    What Ray waits for and how busy its nodes are, for the autoscaler
+    (``coordinator/scaling/ray_demand``): the GCS's ``ClusterResourceState``
+    (``get_cluster_resource_state``, what Ray's own autoscaler reads) as
+    ``MessageToDict`` gives it with the proto's field names, under
+    ``state``, and the ``request_resources`` bundles Ray's autoscaler v1
+    keeps in the GCS key-value store, under ``requested`` (null: none).
+    The coordinator reads both with ``autoscale.demand.read_state``.
+    With ``--serve`` the probe stays: it answers one line for every line it
+    reads on stdin and ends at EOF, so a caller asking every few seconds
+    pays the interpreter and ``import ray`` once (the autoscaler's watcher,
+    ``coordinator/scaling/ray_demand``). A failed ask is answered like a
+    failed op and the probe goes on; ``--timeout`` bounds the connection.
+
 Output: ``{"ok": true, "op": ..., ...}`` and exit 0, or
 ``{"ok": false, "op": ..., "error": <kind>, "message": ...}`` and exit 1
 (exit 2 for a usage error); kinds: ``usage``, ``unreachable``, ``auth``, or
@@ -54,7 +68,7 @@ import sys
 import time
 from typing import Any
 
-OPS = ("ready", "nodes", "own-node", "drain", "alive", "mark-dead")
+OPS = ("ready", "nodes", "own-node", "drain", "alive", "mark-dead", "resource-state")
 MAX_MARK_DEAD = 256
 DRAIN_REASONS = {
     "preemption": "DRAIN_NODE_REASON_PREEMPTION",
@@ -83,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--message", default="")
     parser.add_argument("--deadline-ms", type=int, default=0)
     parser.add_argument("--node-ids", default="")
+    parser.add_argument("--serve", action="store_true")
     return parser
 
 
@@ -170,6 +185,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise _UsageError(f"{args.op} needs --node-id")
     if args.op == "drain" and not args.reason:
         raise _UsageError("drain needs --reason")
+    if args.serve and args.op != "resource-state":
+        raise _UsageError("--serve is for resource-state only")
     if args.op == "mark-dead":
         ids = [i for i in args.node_ids.split(",") if i]
         if not ids or len(ids) > MAX_MARK_DEAD:
@@ -235,6 +252,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         return {"node": mine[-1] if mine else None, "matches": len(mine)}
     if args.op == "mark-dead":
         return _mark_dead(client, args, left)
+    if args.op == "resource-state":
+        return _resource_state(client, left)
     if args.op == "alive":
         # check_alive takes NodeID objects (raw bytes crash the 2.60 client).
         return {"node_id": args.node_id, "alive": bool(client.check_alive([node], timeout=left())[0])}
@@ -284,6 +303,19 @@ def _mark_dead(client: Any, args: argparse.Namespace, left: Any) -> dict[str, An
             "already_dead": [h for h, a in zip(hexes, before) if not a]}
 
 
+def _resource_state(client: Any, left: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+    from ray.autoscaler.v2.sdk import get_cluster_resource_state
+
+    state = MessageToDict(get_cluster_resource_state(client), preserving_proto_field_name=True)
+    raw = client.internal_kv_get(b"autoscaler_resource_request", None, timeout=left())
+    try:
+        requested = json.loads(raw) if raw else None
+    except ValueError:
+        requested = None     # not ours to judge: the reader sees no request
+    return {"state": state, "requested": requested}
+
+
 def main(argv: list[str] | None = None) -> int:
     # Everything but our answer goes to stderr: fd 1 is pointed there while
     # the op runs, and the answer is written to a saved copy of the real stdout.
@@ -299,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         except _UsageError as exc:
             return _answer(answer_fd, {"ok": False, "op": op, "error": "usage", "message": str(exc)}, 2)
         _bound_connect_time(args.timeout)
+        if args.serve:
+            return _serve(args, answer_fd)
         try:
             result = _run(args)
         except _UsageError as exc:
@@ -320,6 +354,25 @@ def _error_kind(exc: BaseException) -> str:
     if "Timed out while waiting for GCS" in text or name in ("RpcError", "GetTimeoutError"):
         return "unreachable"
     return name
+
+
+def _serve(args: argparse.Namespace, fd: int) -> int:
+    """``resource-state --serve``: one answer a request line, until stdin ends."""
+    client = None
+    for _line in iter(sys.stdin.buffer.readline, b""):
+        started = time.monotonic()
+        left = lambda: max(0.5, args.timeout - (time.monotonic() - started))  # noqa: E731
+        try:
+            if _token_missing():
+                raise _AuthError("RAY_AUTH_MODE=token but no token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, "
+                                 "~/.ray/auth_token)")
+            if client is None:
+                from ray._raylet import GcsClient
+                client = GcsClient(address=args.address)
+            _answer(fd, {"ok": True, "op": args.op, **_resource_state(client, left)}, 0)
+        except Exception as exc:    # one JSON line whatever went wrong; the next ask tries again
+            _answer(fd, {"ok": False, "op": args.op, "error": _error_kind(exc), "message": str(exc)[:2000]}, 1)
+    return 0
 
 
 def _answer(fd: int, payload: dict[str, Any], code: int) -> int:

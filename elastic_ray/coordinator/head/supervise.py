@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 from ...config import SlurmWorkerAllocationConfig
 from ... import defaults
@@ -43,6 +43,14 @@ from .standby import StandbyKeeper
 log = logging.getLogger("elastic_ray.coordinator")
 
 DEFAULT_INTERVAL = defaults.SUPERVISE_INTERVAL
+
+
+class Startable(Protocol):
+    """A loop that runs beside the supervisor (the autoscaler's)."""
+
+    def start(self) -> object: ...
+
+    def stop(self, timeout: float = 10.0) -> None: ...
 
 
 def should_elect_on_its_own(has_workers: bool, ray_head_only: bool) -> bool:
@@ -89,9 +97,13 @@ class RepeatedError:
 
 class HeadSupervisor:
     def __init__(self, session: SupervisedSession, interval: float = DEFAULT_INTERVAL, keep_worker: bool = True,
-                 on_event: Callable[[str, dict], None] | None = None, standby: StandbyKeeper | None = None):
+                 on_event: Callable[[str, dict], None] | None = None, standby: StandbyKeeper | None = None,
+                 autoscaler: Startable | None = None):
         self.session = session
         self.standby = standby
+        # The autoscaler's loop (coordinator.scaling.runner) runs in a thread of its own beside this one, so
+        # a slow turn never delays noticing a lost head; it starts and stops with the supervisor.
+        self.autoscaler = autoscaler
         self.interval = interval
         self.keep_worker = keep_worker
         self.on_event = on_event
@@ -108,12 +120,16 @@ class HeadSupervisor:
 
     def start(self) -> "HeadSupervisor":
         self._thread.start()
+        if self.autoscaler is not None:
+            self.autoscaler.start()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+        if self.autoscaler is not None:
+            self.autoscaler.stop(timeout)
 
     def _emit(self, what: str, **fields) -> None:
         self.noticed.append((time.time(), what))

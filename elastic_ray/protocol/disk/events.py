@@ -37,6 +37,10 @@ election_won       yes   -      -                           previous
 head_moved         yes   -      -                           previous
 standby_placed     yes   -      -                           -
 standby_promoted   yes   -      -                           previous
+scaler_decision    (yes) -      the decision's reason       action (submit/cancel/drain/wait), pool, partition,
+                                                            raced, replaces (submit), unserved (wait)
+autoscale_policy   -     -      set, or stopped             pools, min_allocations, max_nodes, idle_timeout
+autoscale_lease    -     -      taken, taken over, released holder, previous (the holder before)
 payload_started    -     -      -                           name, run_id
 payload_finished   -     -      -                           name, run_id, ok
 session_ended      -     -      -                           -
@@ -84,7 +88,9 @@ class EventKind(str, enum.Enum):
     HEAD_MOVED = "head_moved"                # ``ray_head`` names a new job (``details.previous``)
     STANDBY_PLACED = "standby_placed"
     STANDBY_PROMOTED = "standby_promoted"
-    SCALER_DECISION = "scaler_decision"      # the autoscaler's choices (issue 23)
+    SCALER_DECISION = "scaler_decision"      # one choice of the autoscaler, with its reason (issue 23)
+    AUTOSCALE_POLICY = "autoscale_policy"    # a policy was set, or scaling stopped
+    AUTOSCALE_LEASE = "autoscale_lease"      # a process began (or stopped) running the autoscaler
     PAYLOAD_STARTED = "payload_started"      # a driver or Dagster step began on the run
     PAYLOAD_FINISHED = "payload_finished"
     SESSION_ENDED = "session_ended"

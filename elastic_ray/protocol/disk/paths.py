@@ -28,7 +28,8 @@ holds this text, and the table in docs/architecture.md, to it)::
                                     directory with one for a session
       allocation.json               the mutable record (AllocationRecord): head job, worker allocations (each with
                                     how it ended unasked, its resubmit wish and replacement), predecessors, election
-                                    claim, successor; a copy of the newest generation file, which it may lag
+                                    claim, the autoscaler's lease, successor; a copy of the newest generation file,
+                                    which it may lag
                                     written by: coordinator, by compare-and-swap (`SessionDir.update_allocation`,
                                     `protocol/disk/generations`); a restore (`protocol/disk/allocation_repair`)
                                     read by: coordinator, CLI (`session status`, `session repair`), the SSH server
@@ -78,6 +79,18 @@ holds this text, and the table in docs/architecture.md, to it)::
                                     is installed: in Dagster (cluster mode) or in the SSH server's `usage` (SSH
                                     mode); the demo
                                     read by: people (Dagster's metadata links it, or names it on the cluster)
+      autoscale.json                the autoscaler's policy (AutoscalePolicy, versioned on its own, 1), or none: the
+                                    session does not scale by itself
+                                    written by: coordinator (`Session.autoscale`, through
+                                    `coordinator/scaling/store`)
+                                    read by: the process holding the autoscaler's lease
+                                    (`coordinator/scaling/runner`), CLI (`session status`)
+      autoscale-state.json          what the autoscaler holding the lease keeps (versioned on its own, 1): the jobs
+                                    it submitted and for which pool, Slurm's start estimates, its last turn, notes
+                                    and decisions
+                                    written by: the process holding the autoscaler's lease
+                                    (`coordinator/scaling/runner`), alone
+                                    read by: the next lease holder, CLI (`session status`)
       jobs/<job>/head.json          a ready head's endpoint (HeadEndpoint): GCS address, heartbeat and control
                                     ports, Ray version
                                     written by: the agent that serves the head (`agent/head/publishing`: a head
@@ -211,6 +224,8 @@ DEMO_PAYLOAD_LOG = "payload.log"
 EVENTS_FILE = "events.jsonl"
 EVENTS_ROTATED = "events.1.jsonl"
 TIMELINE_PAGE = "timeline.html"
+AUTOSCALE_FILE = "autoscale.json"
+AUTOSCALE_STATE = "autoscale-state.json"
 #: The folders ``SessionDir.create`` makes (0700); the others appear with their first file.
 CREATED_DIRS = (JOBS_DIR, LOGS_DIR)
 #: The roles whose job output lands in ``logs/<role>-<job>.out``.
@@ -513,6 +528,15 @@ def timeline_page(session: P) -> P:
     return session / TIMELINE_PAGE
 
 
+# ---------------------------------------------------------------- the autoscaler
+def autoscale_file(session: P) -> P:
+    return session / AUTOSCALE_FILE
+
+
+def autoscale_state_file(session: P) -> P:
+    return session / AUTOSCALE_STATE
+
+
 # ---------------------------------------------------------------- the description
 @dataclass(frozen=True)
 class Entry:
@@ -573,8 +597,8 @@ ENTRIES: tuple[Entry, ...] = (
           "every process of the run; Dagster's sensor and the SSH server take a directory with one for a session"),
     Entry((ALLOCATION_FILE,),
           "the mutable record (AllocationRecord): head job, worker allocations (each with how it ended unasked, "
-          "its resubmit wish and replacement), predecessors, election claim, successor; a copy of the newest "
-          "generation file, which it may lag",
+          "its resubmit wish and replacement), predecessors, election claim, the autoscaler's lease, successor; a "
+          "copy of the newest generation file, which it may lag",
           "coordinator, by compare-and-swap (`SessionDir.update_allocation`, `protocol/disk/generations`); a "
           "restore (`protocol/disk/allocation_repair`)",
           "coordinator, CLI (`session status`, `session repair`), the SSH server"),
@@ -619,6 +643,16 @@ ENTRIES: tuple[Entry, ...] = (
           "`history/summary`, after each `compute.run` when the timeline extra is installed: in Dagster (cluster "
           "mode) or in the SSH server's `usage` (SSH mode); the demo",
           "people (Dagster's metadata links it, or names it on the cluster)"),
+    Entry((AUTOSCALE_FILE,),
+          "the autoscaler's policy (AutoscalePolicy, versioned on its own, 1), or none: the session does not "
+          "scale by itself",
+          "coordinator (`Session.autoscale`, through `coordinator/scaling/store`)",
+          "the process holding the autoscaler's lease (`coordinator/scaling/runner`), CLI (`session status`)"),
+    Entry((AUTOSCALE_STATE,),
+          "what the autoscaler holding the lease keeps (versioned on its own, 1): the jobs it submitted and for "
+          "which pool, Slurm's start estimates, its last turn, notes and decisions",
+          "the process holding the autoscaler's lease (`coordinator/scaling/runner`), alone",
+          "the next lease holder, CLI (`session status`)"),
     Entry((f"{JOBS_DIR}/<job>/{HEAD_ENDPOINT_FILE}",),
           "a ready head's endpoint (HeadEndpoint): GCS address, heartbeat and control ports, Ray version",
           f"the agent that serves the head ({_PUBLISHING}: a head allocation's first node, or the hosting first "
@@ -756,7 +790,7 @@ __all__ = [
     "SECRET_FILE", "RAY_TOKEN_FILE", "JOBS_DIR", "HEAD_ENDPOINT_FILE", "NODES_DIR", "SPECS_DIR", "ANSWER_FILE",
     "ANSWER_LOCK", "LOGS_DIR", "DETACHED_LOG", "REMOTE_DIR", "SUPERVISOR_LOCK", "SUPERVISOR_PID", "STOP_MARKER",
     "LAST_CALL", "PAYLOADS_DIR", "PIPES_DIR", "LOCAL_SCHEDULER_DIR", "DEMO_COMMITS", "DEMO_PAYLOAD_LOG",
-    "EVENTS_FILE", "EVENTS_ROTATED", "TIMELINE_PAGE", "CREATED_DIRS", "JOB_ROLES", "GENERATION_TMP_PREFIX", "TMP_SUFFIX", "FS_CHECK_PREFIX", "FS_CHECK_LINK_SUFFIX",
+    "EVENTS_FILE", "EVENTS_ROTATED", "TIMELINE_PAGE", "AUTOSCALE_FILE", "AUTOSCALE_STATE", "CREATED_DIRS", "JOB_ROLES", "GENERATION_TMP_PREFIX", "TMP_SUFFIX", "FS_CHECK_PREFIX", "FS_CHECK_LINK_SUFFIX",
     "session_file", "allocation_file", "backup_file", "generation_dir", "generation_name", "generation_of",
     "generation_file", "allocation_lock_file", "generation_aside_stem", "corrupt_copy", "ray_head_file",
     "secret_file", "ray_token_file", "jobs_dir", "job_dir", "job_of_dir", "head_endpoint_file", "nodes_dir",
@@ -766,5 +800,5 @@ __all__ = [
     "ray_log_name", "ray_log", "parse_ray_log_name", "detached_log", "remote_dir", "supervisor_lock_file",
     "supervisor_pid_file", "stop_marker", "last_call_file", "payloads_dir", "payload_file", "pipes_dir",
     "pipes_file", "local_scheduler_dir", "demo_commits_file", "demo_payload_log", "creation_lock_file",
-    "ended_marker", "events_file", "events_rotated_file", "timeline_page", "Entry", "ENTRIES", "describe", "render_text", "render_markdown"
+    "ended_marker", "events_file", "events_rotated_file", "timeline_page", "autoscale_file", "autoscale_state_file", "Entry", "ENTRIES", "describe", "render_text", "render_markdown"
 ]

@@ -360,6 +360,9 @@ class AllocationRecord:
     election: ElectionClaim | None = None
     successor: str | None = None
     intents: Mapping[str, SubmissionIntent] = field(default_factory=lambda: MappingProxyType({}))
+    #: the autoscaler's lease (issue 23): which process runs the session's
+    #: autoscaler, until when; the same shape as an election claim
+    autoscaler: ElectionClaim | None = None
 
     def with_worker(self, worker: WorkerRecord) -> "AllocationRecord":
         workers = dict(self.workers)
@@ -392,7 +395,8 @@ class AllocationRecord:
             "predecessors": list(self.predecessors),
             "election": None if self.election is None else self.election.to_dict(),
             "successor": self.successor,
-        } | ({"intents": {m: i.to_dict() for m, i in sorted(self.intents.items())}} if self.intents else {})
+        } | ({"intents": {m: i.to_dict() for m, i in sorted(self.intents.items())}} if self.intents else {}) \
+          | ({"autoscaler": self.autoscaler.to_dict()} if self.autoscaler is not None else {})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "AllocationRecord":
@@ -422,6 +426,8 @@ class AllocationRecord:
             if intent.marker != key:
                 raise ValueError(f"intents[{key!r}] holds marker {intent.marker!r}")
             intents[key] = intent
+        # Added compatibly too: only a session that autoscales writes it.
+        lease = _get(data, "autoscaler", dict, optional=True)
         return cls(
             generation=generation,
             head_job=None if head is None else check_job_id(head, "head_job"),
@@ -430,6 +436,7 @@ class AllocationRecord:
             election=None if election is None else ElectionClaim.from_dict(election),
             successor=None if successor is None else check_job_id(successor, "successor"),
             intents=MappingProxyType(intents),
+            autoscaler=None if lease is None else _nested("autoscaler", lambda: ElectionClaim.from_dict(lease)),
         )
 
 
