@@ -206,8 +206,10 @@ def test_min_allocations_is_kept_by_submitting_and_by_not_cancelling_or_draining
     pytest.param([alloc("5", 1, Phase.STARTING, idle_since=NOW - 400)], [], id="starting-is-not-idle"),
     pytest.param([alloc("5", None, idle_since=NOW - 400)], [], id="not-the-autoscaler-s"),
     pytest.param([alloc("5", 1, idle_since=NOW - 400, hosts_head=True), alloc("6", 0, idle_since=NOW - 400)],
-                 ["6"], id="the-head-s-allocation-last"),
-    pytest.param([alloc("5", 1, idle_since=NOW - 400, hosts_head=True)], ["5"], id="the-head-s-when-it-is-the-last"),
+                 ["6"], id="the-head-s-allocation-stays"),
+    pytest.param([alloc("5", 1, idle_since=NOW - 400, hosts_head=True)], [], id="the-head-s-even-as-the-last"),
+    pytest.param([alloc("5", 1, idle_since=NOW - 900, hosts_head=True), alloc("6", 1, idle_since=NOW - 400)],
+                 ["6"], id="the-head-s-never:the-other-idle-one-goes"),
     pytest.param([alloc("5", 1, idle_since=NOW - 400, hosts_head=True), alloc("6", 0)], [],
                  id="the-head-s-while-another-runs"),
 ])

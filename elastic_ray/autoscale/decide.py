@@ -30,8 +30,9 @@ How it decides, in order:
    ``min_allocations``.
 4. **Shed.** A running allocation whose nodes ran nothing for
    ``idle_timeout`` is drained, unless ``min_allocations`` or a
-   ``request_resources`` bundle needs it; the one hosting the run's head is
-   drained last (only when it is the autoscaler's last allocation).
+   ``request_resources`` bundle needs it. The one hosting the run's head
+   (the head moved onto it) is never drained: that would only force an
+   election and a new head allocation; it ends at its walltime like any head.
 5. **Walltime.** A busy allocation within ``replace_before_walltime`` of its
    end gets one replacement of its pool; a replacement counts in place of
    the allocation it replaces against the bounds.
@@ -327,14 +328,14 @@ def _shed(policy: AutoscalePolicy, demand: Demand, allocations: Sequence[Allocat
           mine: Sequence[Allocation], keep: int, now: float) -> list[Action]:
     idle = [a for a in mine if a.phase is Phase.RUNNING and a.idle_since is not None
             and now - a.idle_since >= policy.idle_timeout]
-    idle.sort(key=lambda a: (a.hosts_head, a.idle_since, a.job_id))   # the head's last
+    idle.sort(key=lambda a: (a.idle_since, a.job_id))
     actions: list[Action] = []
     gone: set[str] = set()
     for alloc in idle:
         if keep <= policy.min_allocations:
             break
-        if alloc.hosts_head and (keep > 1 or gone):
-            continue   # drained last: only as the autoscaler's last allocation, in a decision of its own
+        if alloc.hosts_head:
+            continue   # the run's own head: draining it would only force an election
         if demand.constraints:
             rest = [dict(n) for a in allocations if a.phase is not Phase.DRAINING and a.job_id not in gone
                     and a.job_id != alloc.job_id for n in a.capacity]
