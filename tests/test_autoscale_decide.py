@@ -220,6 +220,30 @@ def test_shedding(allocations, drained):
         assert "idle for 400 s (idle_timeout 300 s): drained" in action.reason
 
 
+GAVE_UP = dict(why="node g: Ray ended 4 times under head 1; staying out until another head")
+
+
+@pytest.mark.parametrize("kw, allocations, drained, expected_submits", [
+    pytest.param({}, [alloc("5", 1, Phase.GAVE_UP, **GAVE_UP)], ["5"], [(1, False, None)],
+                 id="the-autoscaler-s:drained-and-the-demand-gets-a-new-one"),
+    pytest.param({}, [alloc("5", None, Phase.GAVE_UP, **GAVE_UP)], [], [(1, False, None)],
+                 id="the-user-s:never-drained-but-counts-for-nothing"),
+    pytest.param({}, [alloc("5", 1, Phase.GAVE_UP, hosts_head=True, **GAVE_UP)], [], [(1, False, None)],
+                 id="the-head-s:not-drained"),
+    pytest.param({"min_allocations": 1}, [alloc("5", 1, Phase.GAVE_UP, **GAVE_UP)], ["5"],
+                 [(1, False, None)], id="not-counted-for-min-allocations"),
+    pytest.param({"pools": [Pool(B, max_allocations=1)]}, [alloc("5", 0, Phase.GAVE_UP, **GAVE_UP)], ["5"],
+                 [(0, False, None)], id="not-counted-against-max-allocations"),
+])
+def test_an_allocation_whose_agent_gave_up_counts_for_nothing(kw, allocations, drained, expected_submits):
+    decision = run(p=policy(**kw), demand=Demand(pending=(GPU,)), allocations=allocations)
+    assert [a.job_id for a in kinds(decision, Drain)] == drained, decision
+    assert submits(decision) == expected_submits, decision
+    for action in kinds(decision, Drain):
+        assert action.reason == ("gpu-b job 5 gave up (node g: Ray ended 4 times under head 1; staying out until "
+                                 "another head): it counts for nothing; drained")
+
+
 @pytest.mark.parametrize("allocations, expected", [
     pytest.param([alloc("5", 1, end_time=NOW + 600)], [(1, False, "5")], id="busy-near-its-end"),
     pytest.param([alloc("5", 1, end_time=NOW + 1200)], [], id="not-yet"),

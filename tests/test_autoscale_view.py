@@ -84,6 +84,16 @@ MINE = {"7": Tracked(GPU.to_dict(), NOW - 50)}
     ("a node waiting out a restart: still on its way", [worker("7")], {"7": info("7", JobState.RUNNING)},
      {"7": {"g": node_state("7", "g", "RESTART_BACKOFF", head_job=HEAD)}}, [], MINE,
      [("7", 1, Phase.STARTING, None)]),
+    ("its agent gave up on the current head: it counts for nothing", [worker("7")],
+     {"7": info("7", JobState.RUNNING)},
+     {"7": {"g": node_state("7", "g", "GAVE_UP", head_job=HEAD, gave_up_on=HEAD)}}, [], MINE,
+     [("7", 1, Phase.GAVE_UP, None)]),
+    ("gave up on a head that moved on: it follows the new one", [worker("7")], {"7": info("7", JobState.RUNNING)},
+     {"7": {"g": node_state("7", "g", "GAVE_UP", head_job="99", gave_up_on="99")}}, [], MINE,
+     [("7", 1, Phase.STARTING, None)]),
+    ("one node joined, the other gave up: it never fills", [worker("8", CPU2)], {"8": info("8", JobState.RUNNING)},
+     {"8": {"a": joined("8", "a", "aa"), "b": node_state("8", "b", "GAVE_UP", head_job=HEAD, gave_up_on=HEAD)}},
+     [ray("aa", 50)], {"8": Tracked(CPU2.to_dict(), NOW - 50)}, [("8", 0, Phase.GAVE_UP, None)]),
     ("COMPLETING", [worker("7")], {"7": info("7", JobState.COMPLETING)}, {}, [], MINE,
      [("7", 1, Phase.DRAINING, None)]),
     ("ended: left out", [worker("7")], {"7": info("7", JobState.COMPLETED)}, {}, [], MINE, []),
@@ -107,6 +117,14 @@ def test_capacity_is_ray_s_once_every_node_is_known_else_the_pool_s_shape():
     assert running.capacity == ({"CPU": 4.0, "GPU": 2.0, "memory": 1e9},)
     assert running.end_time == NOW + 3600 and queued.end_time is None
     assert queued.free == () and running.free == ({"CPU": 4.0, "GPU": 2.0, "memory": 1e9},)
+
+
+def test_an_allocation_that_gave_up_says_why_and_offers_nothing_free():
+    got = one([worker("7")], {"7": info("7", JobState.RUNNING)},
+              {"7": {"g": node_state("7", "g", "GAVE_UP", head_job=HEAD, gave_up_on=HEAD,
+                                     reason="Ray ended 4 times under head 1 (exit 1); staying out until another head")}})
+    assert got[0].phase is Phase.GAVE_UP and not got[0].phase.counts and got[0].free == ()
+    assert got[0].why == "node g: Ray ended 4 times under head 1 (exit 1); staying out until another head"
 
 
 def test_the_head_s_allocation_is_marked():

@@ -28,7 +28,9 @@ How it decides, in order:
 3. **Cancel.** A queued submission that no demand was put on for
    ``cancel_delay`` (a raced one: at once) is cancelled, never below
    ``min_allocations``.
-4. **Shed.** A running allocation whose nodes ran nothing for
+4. **Shed.** An allocation one of whose agents gave up on the current head
+   (its node will not join it) counts for nothing and is drained. A running
+   allocation whose nodes ran nothing for
    ``idle_timeout`` is drained, unless ``min_allocations`` or a
    ``request_resources`` bundle needs it. The one hosting the run's head
    (the head moved onto it) is never drained: that would only force an
@@ -75,7 +77,7 @@ def decide(policy: AutoscalePolicy, demand: Demand, allocations: Sequence[Alloca
            estimates: Mapping[int, Estimate], memory: Memory, now: float) -> Decision:
     """The actions for this moment (see the module's docstring for the order)."""
     nodes_of = [shapes.node_shape(p.config) for p in policy.pools]
-    mine = [a for a in allocations if a.pool is not None and a.phase is not Phase.DRAINING]
+    mine = [a for a in allocations if a.pool is not None and a.phase.counts]
     notes: list[str] = []
     actions: list[Action] = []
 
@@ -122,7 +124,10 @@ def decide(policy: AutoscalePolicy, demand: Demand, allocations: Sequence[Alloca
             why = "raced, and the demand is met" if alloc.raced else f"not needed for {now - since:.0f} s"
             actions.append(Cancel(alloc.job_id, f"queued {_pool_name(policy, alloc.pool)} job {alloc.job_id}: {why}"))
 
-    # 4. Shed what sits idle.
+    # 4. Shed what gave up, and what sits idle.
+    actions += [Drain(a.job_id, f"{_pool_name(policy, a.pool)} job {a.job_id} gave up ({a.why or 'no reason'}): "
+                                "it counts for nothing; drained")
+                for a in allocations if a.phase is Phase.GAVE_UP and a.pool is not None and not a.hosts_head]
     actions += _shed(policy, demand, allocations, mine, keep, now)
 
     # 5. Replace before the walltime.
@@ -161,7 +166,7 @@ def _unserved(demand: Demand, coming: Sequence[Allocation],
         if bundles and not place(unit):
             units.append(unit)
     if demand.constraints:
-        whole = [dict(n) for a in allocations if a.phase is not Phase.DRAINING for n in a.capacity]
+        whole = [dict(n) for a in allocations if a.phase.counts for n in a.capacity]
         wanted = [shapes.clean(s) for s in demand.constraints]
         placed, _ = shapes.pack(wanted, whole)
         units += [_Unit((shape,), label=f"requested {shapes.describe(shape)}")
@@ -337,7 +342,7 @@ def _shed(policy: AutoscalePolicy, demand: Demand, allocations: Sequence[Allocat
         if alloc.hosts_head:
             continue   # the run's own head: draining it would only force an election
         if demand.constraints:
-            rest = [dict(n) for a in allocations if a.phase is not Phase.DRAINING and a.job_id not in gone
+            rest = [dict(n) for a in allocations if a.phase.counts and a.job_id not in gone
                     and a.job_id != alloc.job_id for n in a.capacity]
             placed, _ = shapes.pack([shapes.clean(s) for s in demand.constraints], rest)
             if len(placed) < len([s for s in demand.constraints if shapes.clean(s)]):

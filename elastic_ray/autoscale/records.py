@@ -21,6 +21,12 @@ class Phase(Enum):
     STARTING = "starting"    # running in Slurm, its nodes not all in Ray yet
     RUNNING = "running"      # its nodes are in Ray
     DRAINING = "draining"    # being removed: counts for nothing
+    GAVE_UP = "gave up"      # running in Slurm, an agent gave up on the current head: counts for nothing
+
+    @property
+    def counts(self) -> bool:
+        """Whether the allocation is capacity the run has or will have."""
+        return self not in (Phase.DRAINING, Phase.GAVE_UP)
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class Allocation:
     ``free``: for a running one, what each of its nodes has free in Ray right
     now; pending demand that fits there is Ray's to place in a moment (a task
     that just became schedulable on a node that just joined), not unserved.
+    ``why``: for one that GAVE_UP, what its agent said (for the reason of its drain).
     """
 
     job_id: str
@@ -50,6 +57,7 @@ class Allocation:
     raced: bool = False
     replaces: str | None = None
     free: tuple[Shape, ...] = ()
+    why: str = ""
 
 
 @dataclass(frozen=True)

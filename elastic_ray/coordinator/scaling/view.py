@@ -12,7 +12,10 @@ Phases: an allocation the session is draining, or whose nodes drain or
 left on their own (the pre-walltime signal), or that the autoscaler
 cancelled or drained, is DRAINING: it counts for nothing; one the
 scheduler holds is QUEUED; a running one whose nodes have not all joined
-the current head is STARTING (capacity on its way); the rest are RUNNING.
+the current head is STARTING (capacity on its way), unless an agent gave
+up on the current head (Ray failed on its node too often; it stays out
+until another head): then it is GAVE_UP and counts for nothing, since that
+node will not join; the rest are RUNNING.
 An allocation whose job ended, or that the session removed (a cancel or a
 drain asked through ``remove_worker_allocation``), is left out.
 A node counts as idle only when Ray says so (its idle duration above zero);
@@ -67,11 +70,15 @@ def allocations(policy: AutoscalePolicy, record: AllocationRecord, jobs: Mapping
                   if s.state is AgentState.JOINED and s.node_id and not s.exited
                   and (pointer is None or s.head_job in (None, pointer))]
         known = [by_id[s.node_id] for s in joined if s.node_id in by_id]
+        gave_up = [s for s in states if s.state is AgentState.GAVE_UP and not s.exited
+                   and (pointer is None or s.gave_up_on in (None, pointer))]
         if (worker.state is WorkerIntent.DRAINING or info.state is JobState.COMPLETING or leaving
                 or (mine is not None and mine.ending)):
             phase = Phase.DRAINING
         elif info.state is JobState.PENDING:
             phase = Phase.QUEUED
+        elif gave_up:
+            phase = Phase.GAVE_UP
         elif len(joined) < count:
             phase = Phase.STARTING
         else:
@@ -89,7 +96,8 @@ def allocations(policy: AutoscalePolicy, record: AllocationRecord, jobs: Mapping
             end_time=end if info.state is JobState.RUNNING else None, idle_since=idle_since,
             hosts_head=worker.hosts_run_head or job_id == pointer,
             raced=mine is not None and mine.raced, replaces=None if mine is None else mine.replaces,
-            free=tuple(dict(n.available) for n in known) if seen else ()))
+            free=tuple(dict(n.available) for n in known) if seen else (),
+            why="; ".join(f"node {s.node}: {s.reason}" if s.reason else f"node {s.node}" for s in gave_up)))
     return out
 
 
