@@ -122,6 +122,34 @@ def test_the_status_names_the_holder_the_last_decision_and_errors():
     assert _text(autoscale_lines(off, 100.0)) == "autoscaler: off\n  error: state: damaged"
 
 
+def test_teardown_stops_scaling_and_says_so_before_the_session_ends(session):
+    from elastic_ray.cli.status_view import autoscale_lines
+    from elastic_ray.coordinator.scaling.status import autoscale_status
+    session.autoscale(POLICY)
+    assert session.teardown() == ()
+    assert store.read_policy(session.path).policy is None
+    events = [e for e in event_log.read(session.path).events
+              if e.kind in (EventKind.AUTOSCALE_POLICY, EventKind.SESSION_ENDED)]
+    assert [(e.kind, e.reason) for e in events] == [(EventKind.AUTOSCALE_POLICY, "set"),
+                                                    (EventKind.AUTOSCALE_POLICY, "stopped by teardown"),
+                                                    (EventKind.SESSION_ENDED, "teardown")]
+    shown = autoscale_status(session.path, session.record(), time.time())
+    assert not shown["on"] and _text(autoscale_lines(shown, time.time())) == "autoscaler: off"
+    session.teardown()   # nothing left to stop: no second event
+    assert len([e for e in event_log.read(session.path).events if e.kind is EventKind.AUTOSCALE_POLICY]) == 2
+
+
+def test_teardown_of_a_session_that_never_scaled_writes_no_policy(session):
+    session.teardown()
+    assert store.read_policy(session.path) is None
+
+
+def test_teardown_clears_a_damaged_policy_file_too(session):
+    paths.autoscale_file(session.path).write_bytes(b"{")
+    session.teardown()
+    assert store.read_policy(session.path).policy is None
+
+
 # ---------------------------------------------------------------- `elastic-ray session autoscale`
 
 POLICY_TOML = """

@@ -4,7 +4,8 @@ Local scheduler, real agents, real Ray, real Dagster. The run's session has a CP
 CPU first allocation; its payload (Pipes) asks for two GPU tasks, which nothing in the run can
 hold. The policy, set when the step created the run's session, offers gpu-b: the step's own
 process (it supervises the session) holds the lease, submits a gpu-b allocation, the tasks run
-there and the payload reports where. The run's end tears everything down, as always.
+there and the payload reports where. The run's end tears everything down, as always, and
+stops the scaling first.
 """
 
 import dagster
@@ -58,7 +59,7 @@ def test_a_run_with_an_autoscale_policy_grows_onto_the_pool_its_payload_needs(se
     events = event_log.read(seen["path"]).events
     policy = [e.reason for e in events if e.kind is EventKind.AUTOSCALE_POLICY]
     submits = [e for e in events if e.kind is EventKind.SCALER_DECISION and e.details.get("action") == "submit"]
-    assert policy == ["set"] and [e.details["partition"] for e in submits] == ["gpu-b"], submits
+    assert policy == ["set", "stopped by teardown"] and [e.details["partition"] for e in submits] == ["gpu-b"], submits
     meta = {k: v.value for k, v in result.asset_materializations_for_node("on_gpus")[-1].metadata.items()}
     joined = [e.details.get("ray_node_id") for e in events if e.kind is EventKind.NODE_JOINED and e.job == submits[0].job]
     assert meta["gpu_nodes"] in joined, (meta, joined)

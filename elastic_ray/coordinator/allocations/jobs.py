@@ -30,6 +30,7 @@ from ...protocol.disk.events import EventKind, EventSource
 from ...protocol.disk.session_dir import SessionDir
 from ...scheduler.base import JobInfo, JobSpec, JobState, Scheduler, current_user
 from .. import detached
+from ..scaling import store as scaling_store
 from . import ownership
 from .answers import SchedulerAnswer, SharedAnswers, sharing_enabled
 
@@ -261,6 +262,11 @@ class SessionJobs:
         # A detached supervisor (SSH mode) still watching would take the
         # cancelled head for a lost one and submit a new one: stop it first.
         detached.stop_supervisor(self.dir.path)
+        # So would an autoscaler of any process still supervising it (min_allocations): it stops too.
+        try:
+            scaling_store.stop_at_teardown(self.dir.path)
+        except OSError as exc:
+            errors.append(f"autoscale policy: {exc}")
         try:
             # Marked removed before the cancel: a process polling between the
             # cancel and this update would take the CANCELLED workers for

@@ -27,7 +27,7 @@ from typing import Any
 
 from ...atomic import atomic_write_json, read_record
 from ...config.autoscale import AutoscalePolicy
-from ...errors import ConfigError
+from ...errors import ConfigError, CorruptFileError
 from ...protocol.disk import event_log, paths
 from ...protocol.disk.events import EventKind, EventSource
 
@@ -109,6 +109,24 @@ def set_policy(session: Path, policy: Any) -> PolicyFile:
                        max_nodes=checked.max_nodes, idle_timeout=checked.idle_timeout)
     log.info("event=autoscale_policy session=%s policy=%s", session, "none" if checked is None else "set")
     return record
+
+
+def stop_at_teardown(session: Path) -> bool:
+    """A teardown ends the run, so it stops scaling too: a policy left set would have any process
+    still supervising the session submit again (``min_allocations``, a demand still pending) right
+    after the cancel, and ``session status`` would go on saying "on". Clears a set policy (a
+    damaged file as well) and records it; True when there was one to stop."""
+    try:
+        stored = read_policy(session)
+    except CorruptFileError:
+        stored = PolicyFile(None, 0.0)   # unreadable: cleared all the same, it cannot be acted on anyway
+    else:
+        if stored is None or stored.policy is None:
+            return False
+    write_policy(session, None)
+    event_log.emit(session, EventKind.AUTOSCALE_POLICY, EventSource.COORDINATOR, reason="stopped by teardown")
+    log.info("event=autoscale_policy session=%s policy=none reason=teardown", session)
+    return True
 
 
 def read_policy(session: Path) -> PolicyFile | None:
@@ -202,4 +220,4 @@ def read_state(session: Path) -> ScalerState | None:
 
 
 __all__ = ["PolicyFile", "ScalerState", "Tracked", "as_policy", "read_policy", "read_state", "set_policy",
-           "write_policy", "write_state"]
+           "stop_at_teardown", "write_policy", "write_state"]
