@@ -11,7 +11,8 @@ stops the scaling first.
 import dagster
 import pytest
 
-from elastic_ray.dagster import ComputeResource
+from elastic_ray.dagster import ComputeResource, SlurmSessionResource
+from elastic_ray.coordinator.scaling import store
 from elastic_ray.protocol.disk import event_log
 from elastic_ray.protocol.disk.events import EventKind
 from tests.dagster_helpers import all_jobs_final, session_root_fixture  # noqa: F401 - fixture "session_root"
@@ -63,4 +64,25 @@ def test_a_run_with_an_autoscale_policy_grows_onto_the_pool_its_payload_needs(se
     meta = {k: v.value for k, v in result.asset_materializations_for_node("on_gpus")[-1].metadata.items()}
     joined = [e.details.get("ray_node_id") for e in events if e.kind is EventKind.NODE_JOINED and e.job == submits[0].job]
     assert meta["gpu_nodes"] in joined, (meta, joined)
+    wait_until(lambda: all_jobs_final(session_root), timeout=60, message="run's jobs ended")
+
+
+def test_a_session_resource_sets_its_policy_on_the_session_it_creates(session_root):
+    """SlurmSessionResource(autoscale=...): the policy is stored when the resource creates the run's
+    session (no demand here, so nothing is submitted), and the run's end stops it with the rest."""
+    seen = {}
+
+    @dagster.asset
+    def scaled(context: dagster.AssetExecutionContext, session: SlurmSessionResource):
+        run = session.get_run_allocation_session(context)
+        seen["path"], seen["policy"] = run.path, store.read_policy(run.path).policy
+        return 1
+
+    resource = SlurmSessionResource(mode="local", partition="cpu", cpus_per_task=1, mem="1G", time_limit="30",
+                                    ray_head_only=True, launcher={"object_store_memory": 100_000_000},
+                                    autoscale=CONFIG["autoscale"])
+    assert dagster.materialize([scaled], resources={"session": resource}).success
+    assert seen["policy"] == resource.autoscale.to_core()
+    reasons = [e.reason for e in event_log.read(seen["path"]).events if e.kind is EventKind.AUTOSCALE_POLICY]
+    assert reasons == ["set", "stopped by teardown"] and store.read_policy(seen["path"]).policy is None
     wait_until(lambda: all_jobs_final(session_root), timeout=60, message="run's jobs ended")

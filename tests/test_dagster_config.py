@@ -161,3 +161,13 @@ def test_the_autoscale_policy_is_run_config_checked_by_the_core():
                               autoscale={"pools": [{"config": {"partition": "gpu-b"}}], "min_allocations": 1})
     assert compute.autoscale.to_core().min_allocations == 1
     assert ComputeResource(mode="local", run_allocation=SlurmRunAllocationConfig(partition="cpu")).autoscale is None
+
+
+def test_the_session_resource_takes_the_same_autoscale_policy():
+    head = {"mode": "local", "partition": "cpu", "time_limit": "60"}
+    session = SlurmSessionResource(**head, autoscale={"pools": [{"config": {"partition": "gpu-b"}}],
+                                                      "min_allocations": 1})
+    assert session.autoscale.to_core().min_allocations == 1 and SlurmSessionResource(**head).autoscale is None
+    with pytest.raises(pydantic.ValidationError) as err:
+        SlurmSessionResource(**head, autoscale={"pools": [{"config": {"partition": "gpu-b"}, "max_allocations": 0}]})
+    assert "pools[0].max_allocations=0" in str(err.value)

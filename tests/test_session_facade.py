@@ -43,7 +43,7 @@ def mismatches(facade: inspect.Signature, got: inspect.Signature) -> list[str]:
 
 def test_the_facade_names_the_calls_a_payload_loop_uses():
     assert set(METHODS) >= {"add_worker_allocation", "wait_for_worker_allocation", "remove_worker_allocation",
-                            "replace_head", "ready_head", "head_is_lost", "teardown", "close"}
+                            "replace_head", "ready_head", "head_is_lost", "autoscale", "teardown", "close"}
 
 
 @pytest.mark.parametrize("cls", [Session, RemoteSession, RunSession], ids=lambda c: c.__name__)

@@ -58,6 +58,11 @@ class RunControl(Protocol):
         """Whether the head must be replaced now."""
         ...
 
+    def autoscale(self, policy: Any) -> None:
+        """Scale the run by itself with ``policy`` (an AutoscalePolicy or its dict form; None: stop,
+        the allocations stay); returns at once, a supervising process of the run acts on it."""
+        ...
+
     def teardown(self, extra: Sequence[str] | None = None) -> tuple[str, ...]:
         """Cancel every job of the run; the ids cancelled."""
         ...

@@ -98,6 +98,9 @@ class _RunScoped:
 
     def _open(self, context: Any, layout: RunLayout, launcher: CoreRayLauncher,
               queue: SlurmQueue, root: Optional[str], heal_timeout: float) -> RunSession:
+        """The run's session; the step that creates it sets the ``autoscale`` policy, if any (a step
+        that opens it leaves the policy as the run has it: the run may have changed or stopped it)."""
+        fresh = self._run_session is None
         slurm = _ssh_of(self)
         if self._run_session is None and slurm is not None:
             self._run_session = open_or_create_remote(
@@ -107,6 +110,9 @@ class _RunScoped:
             self._run_session = open_or_create(session_root(root), run_key(context), layout=layout,
                                                scheduler=self.scheduler_kind(), launcher=launcher, queue=queue,
                                                heal_timeout=heal_timeout)
+        policy = getattr(self, "autoscale")
+        if fresh and self._run_session.created and policy is not None:
+            self._run_session.autoscale(policy.to_core())
         return self._run_session
 
     def _end(self) -> None:
@@ -177,12 +183,8 @@ class ComputeResource(dagster.ConfigurableResource, _RunScoped):
 
     def get_run_allocation_session(self, context: Any) -> RunSession:
         """The run's session, created on first use by any step of the run (which sets ``autoscale``'s policy)."""
-        fresh = self._run_session is None
-        run_session = self._open(context, self.layout(), self.default_launcher.to_core(),
-                                 _queue_of(self.slurm), self.session_root, self.head_timeout)
-        if fresh and run_session.created and self.autoscale is not None:
-            run_session.autoscale(self.autoscale.to_core())  # type: ignore[attr-defined]
-        return run_session
+        return self._open(context, self.layout(), self.default_launcher.to_core(),
+                          _queue_of(self.slurm), self.session_root, self.head_timeout)
 
     def run(self, context: Any, payload_path: str, *, args: typing.Sequence[str] = (),
             extra_env: Optional[typing.Mapping[str, str]] = None, python: Optional[str] = None,
@@ -223,6 +225,9 @@ class _SessionResourceBase(dagster.ConfigurableResource, _RunScoped):
     launcher: RayLauncher = Field(default_factory=RayLauncher, description="How Ray starts on every node.")
     session_root: Optional[str] = Field(default=None, description="Directory for run sessions (shared FS).")
     head_timeout: float = Field(default=defaults.WAIT_TIMEOUT, gt=0, description="Seconds to wait for a starting head.")
+    autoscale: Optional[AutoscaleConfig] = Field(  # type: ignore[valid-type]
+        default=None, description="The run grows and shrinks by itself with this policy (set when the run's "
+                                  "session is created; see the Autoscaling page); unset: it does not.")
 
     _run_session: Optional[RunSession] = PrivateAttr(default=None)
 
@@ -296,7 +301,7 @@ SlurmSessionResource.__doc__ = _SessionResourceBase.__doc__
 """The run's session configured field by field: the fields of
 ``SlurmRunAllocationConfig`` (the head, or the run's
 first allocation) plus ``ray_head_only``, ``worker_allocation``, ``mode``,
-``launcher``, ``session_root`` and ``head_timeout``. Generated from the core
+``launcher``, ``session_root``, ``head_timeout`` and ``autoscale``. Generated from the core
 config, so it has exactly its fields and checks."""
 
 __all__ = ["ComputeResource", "SSHConnectionResource", "SlurmResource", "SlurmSessionResource"]

@@ -129,7 +129,7 @@ class RunSession:
 
     def autoscale(self, policy: Any) -> None:
         """Scale the run by itself with ``policy`` (None: stop); see ``Session.autoscale``."""
-        self.session.autoscale(policy)  # type: ignore[attr-defined] - Session and RemoteSession both have it
+        self.session.autoscale(policy)
 
     # -- head
     def replace_head(self, timeout: float = defaults.WAIT_TIMEOUT, progress: Callable[[str], None] | None = None) -> Head:
