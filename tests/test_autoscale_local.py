@@ -147,6 +147,31 @@ def test_pending_gpu_tasks_grow_the_pool_that_starts_first_then_idle_drains_it(s
     print(f"\npolicy set -> tasks done {t_ran:.1f} s; -> allocation COMPLETED {t_done:.1f} s")
 
 
+def test_a_pool_the_scheduler_refuses_is_held_back_and_status_says_why(session):
+    """A pool on a partition that does not exist: the local scheduler refuses its submission at once, as
+    sbatch does. The refusal is one event; the runner holds the pool back (SUBMIT_RETRY, a minute) rather
+    than submitting again every turn, and the status shows the scheduler's words while it waits."""
+    session.wait_for_head(timeout=90)
+    nowhere = SlurmWorkerAllocationConfig(partition="nowhere", num_nodes=1, cpus_per_task=1, mem="1G",
+                                          time_limit="30")
+    before = session.scheduler.calls["submit"]
+    session.autoscale(AutoscalePolicy(pools=[Pool(nowhere)], min_allocations=1))
+    refused = wait_until(lambda: _decisions(session, "submit_failed"), timeout=60, message="no refusal recorded")
+    assert refused[0].reason.startswith("submit to nowhere refused: "), refused[0].reason
+    assert "invalid partition name specified: nowhere" in refused[0].reason
+    assert refused[0].reason.endswith("that pool is held back 60 s")
+    held = wait_until(lambda: "held back" in ((s := store.read_state(session.path)) and s.error or "") and s,
+                      timeout=30, message="the next turn did not say the pool is held back")
+    assert held.error.startswith("submit to nowhere held back ") and "invalid partition name" in held.error
+    # Every turn (1 s) still decides to submit for min_allocations; none of them reaches the scheduler.
+    stays(lambda: session.scheduler.calls["submit"] == before + 1, 3.0,
+          message="the refused pool was submitted to again within its minute")
+    assert len(_decisions(session, "submit_failed")) == 1 and not _decisions(session, "submit")
+    shown = json.loads(CliRunner().invoke(main, ["session", "status", "--json", str(session.path)]).stdout)
+    assert "held back" in shown["autoscale"]["error"] and "nowhere" in shown["autoscale"]["error"]
+    session.autoscale(None)
+
+
 LEAVER = r'''
 import time
 import ray

@@ -85,6 +85,15 @@ def do_submit(session: ScaledSession, policy: AutoscalePolicy, action: Submit, n
     return job_id, Tracked(config.to_dict(), now, action.raced, action.replaces)
 
 
+def refused(session: ScaledSession, policy: AutoscalePolicy, action: Submit, error: Exception,
+            retry: float) -> None:
+    """A submission the scheduler refused: one event (the turns it is held back add none)."""
+    config = policy.pools[action.pool].config
+    _event(session, None, f"submit to {config.partition or f'pool {action.pool}'} refused: {str(error)[:300]}; "
+                          f"that pool is held back {retry:.0f} s", action="submit_failed", pool=action.pool,
+           partition=config.partition)
+
+
 def do_remove(session: ScaledSession, action: Cancel | Drain, tracked: Tracked | None,
               drain_timeout: float = defaults.DRAIN_TIMEOUT) -> Tracked | None:
     """Cancel (queued) or drain (running) one allocation; returns its tracked entry marked ending."""
@@ -98,4 +107,4 @@ def note(session: ScaledSession, text: str, unserved: int) -> None:
     _event(session, None, text, action="wait", unserved=unserved)
 
 
-__all__ = ["ScaledSession", "do_remove", "do_submit", "note", "predictor"]
+__all__ = ["ScaledSession", "do_remove", "do_submit", "note", "predictor", "refused"]

@@ -69,7 +69,7 @@ class Autoscaler:
         self.demand = DemandWatcher()
         self.last_decision: Decision | None = None
         self._notes: tuple[str, ...] = ()
-        self._submit_failed: dict[str, float] = {}   # pool key -> when a submission to it failed
+        self._submit_failed: dict[str, tuple[float, str]] = {}   # pool key -> when a submission failed, and why
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="elastic-ray-autoscaler", daemon=True)
         self._errors = RepeatedError(session.job_name)
@@ -155,15 +155,18 @@ class Autoscaler:
             try:
                 if isinstance(action, Submit):
                     key = pool_key(policy.pools[action.pool].config)
-                    since = now - self._submit_failed.get(key, -math.inf)
-                    if since < SUBMIT_RETRY:   # sbatch refused it a moment ago: not again every turn
-                        failed.append(f"submit to pool {action.pool} held back: it failed {since:.0f} s ago")
+                    at, why = self._submit_failed.get(key, (-math.inf, ""))
+                    if now - at < SUBMIT_RETRY:   # sbatch refused it a moment ago: not again every turn
+                        name = policy.pools[action.pool].config.partition or f"pool {action.pool}"
+                        failed.append(f"submit to {name} held back {SUBMIT_RETRY - (now - at):.0f} s more: "
+                                      f"refused {now - at:.0f} s ago: {why}")
                         continue
                     self._submit_failed.pop(key, None)
                     try:
                         job, entry = act.do_submit(self.session, policy, action, now)
-                    except (ElasticRayError, OSError):
-                        self._submit_failed[key] = now
+                    except (ElasticRayError, OSError) as exc:
+                        self._submit_failed[key] = (now, str(exc)[:300])
+                        act.refused(self.session, policy, action, exc, SUBMIT_RETRY)
                         raise
                     tracked[job] = entry
                     # Written at once: a crash before the turn's end must not lose whose job this is.
