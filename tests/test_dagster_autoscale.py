@@ -8,6 +8,8 @@ there and the payload reports where. The run's end tears everything down, as alw
 stops the scaling first.
 """
 
+import uuid
+
 import dagster
 import pytest
 
@@ -67,22 +69,33 @@ def test_a_run_with_an_autoscale_policy_grows_onto_the_pool_its_payload_needs(se
     wait_until(lambda: all_jobs_final(session_root), timeout=60, message="run's jobs ended")
 
 
-def test_a_session_resource_sets_its_policy_on_the_session_it_creates(session_root):
+def test_a_session_resource_sets_its_policy_on_the_session_it_creates_and_on_a_re_execution(session_root):
     """SlurmSessionResource(autoscale=...): the policy is stored when the resource creates the run's
-    session (no demand here, so nothing is submitted), and the run's end stops it with the rest."""
-    seen = {}
+    session (no demand here, so nothing is submitted), and the run's end stops it with the rest. A
+    re-execution (the same root run id: the same session, its head gone) gets a new head and the policy
+    again."""
+    seen = []
 
     @dagster.asset
     def scaled(context: dagster.AssetExecutionContext, session: SlurmSessionResource):
         run = session.get_run_allocation_session(context)
-        seen["path"], seen["policy"] = run.path, store.read_policy(run.path).policy
+        seen.append((run.path, store.read_policy(run.path).policy))
         return 1
 
     resource = SlurmSessionResource(mode="local", partition="cpu", cpus_per_task=1, mem="1G", time_limit="30",
                                     ray_head_only=True, launcher={"object_store_memory": 100_000_000},
                                     autoscale=CONFIG["autoscale"])
-    assert dagster.materialize([scaled], resources={"session": resource}).success
-    assert seen["policy"] == resource.autoscale.to_core()
-    reasons = [e.reason for e in event_log.read(seen["path"]).events if e.kind is EventKind.AUTOSCALE_POLICY]
-    assert reasons == ["set", "stopped by teardown"] and store.read_policy(seen["path"]).policy is None
+    job = dagster.Definitions(assets=[scaled], resources={"session": resource}).resolve_implicit_global_asset_job_def()
+    run_id = str(uuid.uuid4())
+    assert job.execute_in_process(run_id=run_id).success
+    path = seen[0][0]
+    assert seen[0][1] == resource.autoscale.to_core()
+    reasons = [e.reason for e in event_log.read(path).events if e.kind is EventKind.AUTOSCALE_POLICY]
+    assert reasons == ["set", "stopped by teardown"] and store.read_policy(path).policy is None
+    wait_until(lambda: all_jobs_final(session_root), timeout=60, message="run's jobs ended")
+
+    assert job.execute_in_process(run_id=run_id).success     # a fresh instance: the same run id, as a retry's root
+    assert seen[1] == (path, resource.autoscale.to_core())
+    reasons = [e.reason for e in event_log.read(path).events if e.kind is EventKind.AUTOSCALE_POLICY]
+    assert reasons == ["set", "stopped by teardown", "set", "stopped by teardown"]
     wait_until(lambda: all_jobs_final(session_root), timeout=60, message="run's jobs ended")

@@ -98,8 +98,10 @@ class _RunScoped:
 
     def _open(self, context: Any, layout: RunLayout, launcher: CoreRayLauncher,
               queue: SlurmQueue, root: Optional[str], heal_timeout: float) -> RunSession:
-        """The run's session; the step that creates it sets the ``autoscale`` policy, if any (a step
-        that opens it leaves the policy as the run has it: the run may have changed or stopped it)."""
+        """The run's session. The step that creates it sets the ``autoscale`` policy, if any, and so
+        does one that brings it back after its end (a re-execution: the end's teardown stopped the
+        policy); a step that opens a live session leaves the policy as the run has it (a payload may
+        have changed or stopped it)."""
         fresh = self._run_session is None
         slurm = _ssh_of(self)
         if self._run_session is None and slurm is not None:
@@ -111,7 +113,7 @@ class _RunScoped:
                                                scheduler=self.scheduler_kind(), launcher=launcher, queue=queue,
                                                heal_timeout=heal_timeout)
         policy = getattr(self, "autoscale")
-        if fresh and self._run_session.created and policy is not None:
+        if fresh and policy is not None and (self._run_session.created or self._run_session.healed):
             self._run_session.autoscale(policy.to_core())
         return self._run_session
 

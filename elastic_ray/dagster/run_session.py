@@ -79,6 +79,7 @@ class RunSession:
     session: RunControl   # a Session here, a RemoteSession in the SSH mode (dagster/ssh_mode.py)
     queue: SlurmQueue
     created: bool = False
+    healed: bool = False  # opened with its head gone (a re-execution after the run's end), and given a head
 
     # -- views
     @property
@@ -176,4 +177,5 @@ def open_or_create(root: Path, key: str, *, layout: RunLayout, scheduler: str, l
     if not created and run_session.head_is_lost():
         log.info("event=run_session_heal session=%s head=%s", session.job_name, session.record().head_job)
         run_session.replace_head(timeout=heal_timeout)
+        run_session.healed = True
     return run_session

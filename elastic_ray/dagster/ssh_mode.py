@@ -78,6 +78,7 @@ def open_or_create_remote(ssh: SSHConnectionResource, remote_base: str, remote_p
     run_session = RunSession(session, queue, created)  # type: ignore[arg-type] - same methods as Session
     if not created and run_session.head_is_lost():
         run_session.replace_head(timeout=heal_timeout)
+        run_session.healed = True
     return run_session
 
 
