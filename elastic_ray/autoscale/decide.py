@@ -30,9 +30,8 @@ How it decides, in order:
    ``min_allocations``.
 4. **Shed.** An allocation one of whose agents gave up on the current head
    (its node will not join it) counts for nothing and is drained. A running
-   allocation whose nodes ran nothing for
-   ``idle_timeout`` is drained, unless ``min_allocations`` or a
-   ``request_resources`` bundle needs it. The one hosting the run's head
+   allocation whose nodes ran nothing for ``idle_timeout`` is drained,
+   unless ``min_allocations`` or a ``request_resources`` bundle needs it. The one hosting the run's head
    (the head moved onto it) is never drained: that would only force an
    election and a new head allocation; it ends at its walltime like any head.
 5. **Walltime.** A busy allocation within ``replace_before_walltime`` of its
