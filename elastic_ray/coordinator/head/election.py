@@ -370,30 +370,35 @@ def claim(record: AllocationRecord, claimant: str, now: float,
           holder_dead: Callable[[str], bool] | None = None) -> tuple[AllocationRecord, bool]:
     """Try to become the one process that runs the election.
 
-    Succeeds when no claim is live (none, or an expired one left by an elector
-    that died), when ``holder_dead`` says the live claim's holder is known to
-    be gone (a process on this very host that no longer exists: waiting out
-    its period would only delay the run), or when the live claim is already
-    ours, in which case it is renewed: the holder renews every fraction of
-    the period while it works (``claims.election_claim``) to keep the others
-    out. A renewal keeps the original ``since`` (when the election
-    began) and moves ``expires``. On refusal the very same record is returned,
-    so ``update_allocation`` writes nothing.
+    Succeeds when no claim is live (none, or an expired one left by an elector that died), when
+    ``holder_dead`` says the live claim's holder is known to be gone (a process on this very host that
+    no longer exists: waiting out its period would only delay the run), or when the live claim is
+    already ours, in which case it is renewed: the holder renews every fraction of the period while it
+    works (``claims.election_claim``) to keep the others out. A renewal keeps the original ``since``
+    (when the election began) and moves ``expires``. On refusal the very same record is returned, so
+    ``update_allocation`` writes nothing.
 
     Claims compare wall-clock times written by different hosts; clocks are
     assumed to agree to well within ``period``.
     """
+    taken = next_claim(live_claim(record, now), claimant, now, period, holder_dead)
+    return (record, False) if taken is None else (replace(record, election=taken), True)
+
+
+def next_claim(current: ElectionClaim | None, claimant: str, now: float, period: float,
+               holder_dead: Callable[[str], bool] | None = None) -> ElectionClaim | None:
+    """``claimant``'s claim once it asks, given the live one (``current``), or None while another holder
+    keeps it; a renewal keeps ``since``. The election claim's and the autoscaler's lease's one rule."""
     if not claimant:
         raise ValueError("claimant must be a non-empty string")
     if not (math.isfinite(period) and period > 0):
         raise ValueError(f"period={period!r}: must be a positive number of seconds")
-    current = live_claim(record, now)
     if current is not None and current.claimant != claimant:
         if holder_dead is None or not holder_dead(current.claimant):
-            return record, False
+            return None
         current = None
     since = current.since if current is not None else now
-    return replace(record, election=ElectionClaim(claimant=claimant, since=since, expires=now + period)), True
+    return ElectionClaim(claimant=claimant, since=since, expires=now + period)
 
 
 def holds_claim(record: AllocationRecord, claimant: str) -> bool:

@@ -18,11 +18,11 @@ minute while a policy is set.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import replace
 
 from ...protocol.disk.records import AllocationRecord, ElectionClaim
+from ..head.election import next_claim
 
 #: Seconds a lease holds without renewal: a dead holder on another host is
 #: replaced within this (plus one turn of the taker).
@@ -48,15 +48,8 @@ def take(record: AllocationRecord, holder: str, now: float, period: float = LEAS
     (then ``update_allocation`` writes nothing)."""
     if not holder:
         raise ValueError("holder must be a non-empty string")
-    if not (math.isfinite(period) and period > 0):
-        raise ValueError(f"period={period!r}: must be a positive number of seconds")
-    current = live_lease(record, now)
-    if current is not None and current.claimant != holder:
-        if holder_dead is None or not holder_dead(current.claimant):
-            return record
-        current = None
-    since = current.since if current is not None else now
-    return replace(record, autoscaler=ElectionClaim(claimant=holder, since=since, expires=now + period))
+    taken = next_claim(live_lease(record, now), holder, now, period, holder_dead)
+    return record if taken is None else replace(record, autoscaler=taken)
 
 
 def holds(record: AllocationRecord, holder: str, now: float) -> bool:
