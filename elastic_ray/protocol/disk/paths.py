@@ -81,7 +81,7 @@ holds this text, and the table in docs/architecture.md, to it)::
                                     read by: people (Dagster's metadata links it, or names it on the cluster)
       autoscale.json                the autoscaler's policy (AutoscalePolicy, versioned on its own, 1), or none: the
                                     session does not scale by itself
-                                    written by: coordinator (`Session.autoscale`, through
+                                    written by: coordinator (`Session.autoscale`; a teardown clears it; both through
                                     `coordinator/scaling/store`)
                                     read by: the process holding the autoscaler's lease
                                     (`coordinator/scaling/runner`), CLI (`session status`)
@@ -646,7 +646,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry((AUTOSCALE_FILE,),
           "the autoscaler's policy (AutoscalePolicy, versioned on its own, 1), or none: the session does not "
           "scale by itself",
-          "coordinator (`Session.autoscale`, through `coordinator/scaling/store`)",
+          "coordinator (`Session.autoscale`; a teardown clears it; both through `coordinator/scaling/store`)",
           "the process holding the autoscaler's lease (`coordinator/scaling/runner`), CLI (`session status`)"),
     Entry((AUTOSCALE_STATE,),
           "what the autoscaler holding the lease keeps (versioned on its own, 1): the jobs it submitted and for "
