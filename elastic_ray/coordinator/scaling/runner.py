@@ -38,6 +38,7 @@ from ...autoscale.decide import decide
 from ...autoscale.records import Cancel, Decision, Drain, Memory, Probe, Submit
 from ...config.autoscale import AutoscalePolicy
 from ...errors import CorruptFileError, ElasticRayError
+from ...protocol.disk.records import AllocationRecord
 from ...protocol.disk import event_log
 from ...protocol.disk.events import EventKind, EventSource
 from ..allocations.pacing import watch_max_age
@@ -118,11 +119,11 @@ class Autoscaler:
             if self.held:
                 self._release("released: no policy")
             return None
-        if not self._hold():
+        record = self._hold()
+        if record is None:
             return None
         now = self.clock()
         head, ray = self.demand.read(self.session)
-        record = self.session.record()
         jobs = self.session.query(max_age=watch_max_age())   # the shared answer: no more squeue than today
         live = [j for j, w in record.workers.items() if j in jobs and not jobs[j].state.is_final]
         nodes = {j: self.session.node_states(j) for j in live}
@@ -191,11 +192,12 @@ class Autoscaler:
         return tracked
 
     # ------------------------------------------------------------ lease
-    def _hold(self) -> bool:
+    def _hold(self) -> AllocationRecord | None:
+        """The record as this turn read (or wrote) it when this process holds the lease, else None."""
         record = self.session.record()
         now = self.clock()
         if self.held and not lease.due(record, self.holder, now):
-            return True
+            return record
         before = record.autoscaler   # live or lapsed: whoever held it last
         record = self.session.dir.update_allocation(
             lambda r: lease.take(r, self.holder, self.clock(), holder_dead=holder_gone))
@@ -206,7 +208,7 @@ class Autoscaler:
             log.warning("event=autoscale_lease_lost session=%s holder=%s", self.session.job_name, self.holder)
             self.demand.close()
         self.held = held
-        return held
+        return record if held else None
 
     def _take_over(self, previous: str | None) -> None:
         """Start from the previous holder's state: its jobs stay the autoscaler's."""
