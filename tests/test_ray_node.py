@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 import psutil
 import pytest
@@ -35,6 +36,10 @@ TEMP_ROOT = "/tmp/er-t"
 LAUNCHER = RayLauncher(object_store_memory=100_000_000, auth_mode="disabled")
 ALLOCATION = SlurmWorkerAllocationConfig(ray_resources={"accelerator:test": 1}, gpus_per_node=2)
 START_TIMEOUT = 90.0
+
+
+class RayStartRetried(UserWarning):
+    """`ray start` hit Ray's own start-up timeout and was started once more."""
 
 
 def _timing(what: str, seconds: float) -> None:
@@ -63,6 +68,7 @@ class Nodes:
     def __init__(self, root: str):
         self.root = root
         self.started: list[RayNode] = []
+        self.args: dict[int, tuple] = {}
 
     def start(self, role: str, name: str, node_ip: str, *, head_address: str | None = None,
               job_id: str = "1", **kw) -> RayNode:
@@ -72,7 +78,38 @@ class Nodes:
                               ports=ports, head_address=head_address, **kw)
         node = RayNode.start(cmd, os.path.join(self.root, f"{name}.log"))
         self.started.append(node)
+        self.args[id(node)] = (role, name, node_ip, dict(kw, head_address=head_address, job_id=job_id))
         return node
+
+    def start_alive(self, address: str, role: str, name: str, node_ip: str, **kw
+                    ) -> tuple[RayNode, gcs.NodeRecord]:
+        """Start a node and wait until the GCS at ``address`` lists it ALIVE."""
+        node = self.settle(address, self.start(role, name, node_ip, **kw))
+        return node, wait_own_node(address, node)
+
+    def settle(self, address: str, node: RayNode) -> RayNode:
+        """The node, or its one restart if `ray start` hit Ray's start-up timeout.
+
+        Ray gives a node 30 s to find itself in the GCS and then `ray start`
+        exits 1 ("timed out during startup"). On CI's two cores, with the lab
+        step beside this one, that happened once in ~20 runs; the agent meets
+        it by starting the raylet again (`agent/machine.py`), and so do these
+        tests, once, with a warning that shows in pytest's summary. Anything
+        else `ray start` says on the way out still fails the test.
+        """
+        def settled() -> bool:
+            return node.poll_exit() is not None or gcs.own_node(address, node.command.temp_dir, timeout=10) is not None
+        try:
+            wait_until(settled, START_TIMEOUT, 0.2, f"node under {node.command.temp_dir} to be ALIVE or to exit")
+        except AssertionError as exc:
+            pytest.fail(f"{exc}:\n{node.log_tail()}")
+        if node.poll_exit() is None or "timed out during startup" not in node.log_tail():
+            return node
+        warnings.warn(RayStartRetried(f"ray start under {node.command.temp_dir} timed out in Ray's 30 s "
+                                      f"start-up wait; started once more"))
+        node.kill()
+        role, name, node_ip, kw = self.args[id(node)]
+        return self.start(role, f"{name}r", node_ip, **kw)
 
     def cleanup(self) -> None:
         for node in self.started:
@@ -141,6 +178,7 @@ class Cluster:
                         allocation=ALLOCATION, num_cpus=i)
             for i, ip in ((1, "127.0.0.3"), (2, "127.0.0.4"))
         ]
+        self.workers = [nodes.settle(self.address, w) for w in self.workers]
         self.worker_records = [wait_own_node(self.address, w) for w in self.workers]
         _timing("2 workers started together: launch to both ALIVE", time.monotonic() - t1)
         self.head_record = wait_own_node(self.address, self.head)
@@ -233,9 +271,9 @@ def test_agent_modules_do_not_import_ray():
 
 @ray
 def test_raylet_sigkill_ends_the_node(cluster, own_nodes):
-    node = own_nodes.start("worker", "wk", "127.0.0.5", head_address=cluster.address, job_id="102", num_cpus=1)
     t = time.monotonic()
-    record = wait_own_node(cluster.address, node)
+    node, record = own_nodes.start_alive(cluster.address, "worker", "wk", "127.0.0.5", head_address=cluster.address,
+                                         job_id="102", num_cpus=1)
     _timing("worker: launch to ALIVE (alone)", time.monotonic() - t)
     raylet = node.raylet_pid()
     assert raylet is not None and raylet in {p.pid for p in node.members()}
@@ -254,8 +292,8 @@ def test_raylet_sigkill_ends_the_node(cluster, own_nodes):
 
 @ray
 def test_drain_idle_worker(cluster, own_nodes):
-    node = own_nodes.start("worker", "wd", "127.0.0.6", head_address=cluster.address, job_id="103", num_cpus=1)
-    record = wait_own_node(cluster.address, node)
+    node, record = own_nodes.start_alive(cluster.address, "worker", "wd", "127.0.0.6", head_address=cluster.address,
+                                         job_id="103", num_cpus=1)
     t = time.monotonic()
     result = gcs.drain_node(cluster.address, record.node_id, reason="preemption", message="slurm walltime (test)",
                             deadline_ms=int(time.time() * 1000) + 60_000)
