@@ -21,6 +21,8 @@ from elastic_ray import SlurmRunAllocationConfig
 from elastic_ray.agent.node.private_dirs import user_temp_root
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.session import Session
+from elastic_ray.scheduler.local import LocalScheduler
+from elastic_ray.scheduler.local.cluster import LocalCluster
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -39,7 +41,11 @@ def _answers(address: str) -> int | None:
 
 def test_a_head_with_the_dashboard_on_publishes_an_address_that_answers(tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
-    session = Session.create(tmp_path / "s", scheduler="local",
+    # KillWait 10 s as on the lab (Slurm's default is 30): on the emulation's 5 s, a head with the dashboard's
+    # 20 processes, draining ENDING_GRACE (3 s) at the teardown, once had too little left to stop its Ray
+    # under CI's load and was SIGKILLed with its temp dir (per-change red, 2026-12-02).
+    scheduler = LocalScheduler(tmp_path / "local-scheduler", LocalCluster.default(kill_wait=10.0))
+    session = Session.create(tmp_path / "s", scheduler=scheduler,
                              head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="2G"),
                              launcher=RayLauncher(object_store_memory=100_000_000, include_dashboard=True),
                              **NO_SUPERVISOR)
