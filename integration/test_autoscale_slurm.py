@@ -132,7 +132,12 @@ def test_gpu_tasks_go_to_the_gpu_partition_that_starts_now_and_idle_drains_it(ma
     t_ran = time.monotonic() - t0
 
     submits = _decisions(session, "submit")
-    assert [e.details["partition"] for e in submits] == ["gpu-b"], [e.reason for e in submits]
+    # gpu-b first. Its 2 GPUs are fewer than 4 tasks want, and gpu-b is at its backlog while that job
+    # starts: the rest may be asked of gpu-a, Slurm's answer for it notwithstanding (the policy allows
+    # submitting to a far-off pool too and keeping what starts first); that one must go once met.
+    partitions = [e.details["partition"] for e in submits]
+    assert partitions[0] == "gpu-b" and set(partitions[1:]) <= {"gpu-a"} and len(partitions) <= 2, \
+        [e.reason for e in submits]
     job, reason = submits[0].job, submits[0].reason
     assert re.match(r"\d x \{CPU: 1, GPU: 1\} pending", reason), reason
     # Slurm's own --test-only answers: gpu-b now, gpu-a when the job holding it ends (its 30 minutes).
@@ -141,15 +146,22 @@ def test_gpu_tasks_go_to_the_gpu_partition_that_starts_now_and_idle_drains_it(ma
     assert ran_on == [s.node_id for s in session.node_states(job).values()], "every task ran on gpu-b's node"
     assert [s for s in session.node_states(job)] == ["gpub-1"]
 
+    queued = [e.job for e in submits[1:]]
+    if queued:
+        cancel = wait_until(lambda: _decisions(session, "cancel"), timeout=60,
+                            message="the queued gpu-a job was not cancelled once the demand was met")
+        assert [e.job for e in cancel] == queued and "not needed for" in cancel[0].reason, cancel[0].reason
+        assert _final(session, queued[0], 60).state is JobState.CANCELLED
     drain = wait_until(lambda: _decisions(session, "drain"), timeout=90, message="the idle allocation was not drained")
     assert drain[0].job == job and "idle" in drain[0].reason, drain[0].reason
     assert _final(session, job).state is JobState.COMPLETED
     t_done = time.monotonic() - t0
-    assert len(_decisions(session, "submit")) == 1 and not _decisions(session, "cancel")
+    assert len(_decisions(session, "submit")) == len(submits), "nothing more was submitted"
+    assert [e.job for e in _decisions(session, "cancel")] == queued
     assert _squeue_state(gpu_a_held) == "RUNNING", "the other user's job is untouched"
     session.autoscale(None)
     print(f"\n[lab] policy set -> 4 GPU tasks done {t_ran:.1f} s; -> gpu-b allocation COMPLETED {t_done:.1f} s")
-    for e in submits + drain:
+    for e in submits + _decisions(session, "cancel") + drain:
         print(f"[lab] {e.details['action']} job {e.job}: {e.reason}")
 
 
@@ -216,10 +228,14 @@ def test_request_resources_grows_with_no_task_and_clearing_it_shrinks_to_the_min
     assert _driver(session, REQUEST, session.path, "0")[0] == 0
     drained = wait_until(lambda: len(d := _decisions(session, "drain")) >= 2 and d, timeout=120,
                          message="the cluster did not shrink after the request was cleared")
-    assert {e.job for e in drained} == {e.job for e in grown[1:]}, "back to min_allocations: the floor stays"
+    ours = {e.job for e in grown[:3]}
+    assert len({e.job for e in drained}) == 2 and {e.job for e in drained} < ours, [e.reason for e in drained]
     for e in drained:
         assert _final(session, e.job).state is JobState.COMPLETED
-    stays(lambda: len(_decisions(session, "drain")) == 2, 5.0, message="drained below min_allocations")
+    # Back to min_allocations: whichever one it kept stays, idle or not.
+    stays(lambda: len(_decisions(session, "drain")) == 2, 6.0, message="drained below min_allocations")
+    (kept,) = ours - {e.job for e in drained}
+    assert _squeue_state(kept) == "RUNNING"
 
 
 GANG = r'''
