@@ -27,6 +27,8 @@ in the head's job (``srun --overlap``), as a run's payload does.
     demand, and over each (b) run (demand, a submission, the task, the drain, the job's
     end), per hour. The (b) runs count the driver's own ``srun --overlap`` too (a
     user's payload costs that anyway); the bench makes no Slurm call inside them.
+(e) What the lease holder costs while idle: CPU of this process (it holds the lease
+    and runs the autoscaler's thread) and of its probe process, over the idle window.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for `integration`
@@ -249,12 +253,16 @@ def main() -> int:
 
         # (d) idle: the policy on, no demand, nothing but the head.
         time.sleep(5)
+        probe = session.supervisor.autoscaler.demand.pid
+        me, child = psutil.Process(), psutil.Process(probe) if probe else None
+        cpu0 = (sum(me.cpu_times()[:2]), sum(child.cpu_times()[:2]) if child else 0.0)
         slurm("sdiag", "-r")
         cli0 = Counter(session.scheduler.calls)
         t = time.time()
         time.sleep(args.idle)
         idle_sdiag, idle_secs = sdiag_counts(), time.time() - t
         idle_cli = Counter(session.scheduler.calls) - cli0
+        idle_cpu = (sum(me.cpu_times()[:2]) - cpu0[0], (sum(child.cpu_times()[:2]) - cpu0[1]) if child else 0.0)
 
         busy, busy_secs = Counter(), []
         for i in range(args.runs):
@@ -283,6 +291,8 @@ def main() -> int:
     print(f"| (c) idle capacity held: task ended -> COMPLETED | {med(ours, 'held'):.2f} s | {rng(ours, 'held')} |")
     print(f"\n(b) / (a) = {o_med / f_med:.2f}x; (b) - 1.2 x (a) = {o_med - 1.2 * f_med:+.2f} s (target <= 2 s); "
           f"(c) - idle_timeout = {med(ours, 'held') - args.idle_timeout:.2f} s (the drain)")
+    print(f"(e) idle, policy on: CPU of this process (the lease holder) {100 * idle_cpu[0] / idle_secs:.2f} % of a "
+          f"core, of its probe {100 * idle_cpu[1] / idle_secs:.2f} % (over {idle_secs:.0f} s)")
     print(f"(d) idle, policy on: slurmctld {per_hour(idle_sdiag, idle_secs)}; this process's Slurm CLI calls "
           f"{per_hour(idle_cli, idle_secs)}")
     busy_sdiag = Counter({k: v for k, v in busy.items() if not k.startswith("cli:")})

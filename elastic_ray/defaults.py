@@ -26,6 +26,9 @@ SUPERVISE_INTERVAL = 30.0
 #: How often the process holding a session's autoscaler lease takes a turn
 #: (reads Ray's demand in a probe process, decides, acts).
 AUTOSCALE_INTERVAL = 5.0
+#: Between two of its turns, how often that process looks at Ray's demand alone
+#: (one call through the probe it keeps); new demand starts a turn at once.
+AUTOSCALE_DEMAND_POLL = 1.0
 #: How long a wait that may sit behind a Slurm queue waits: a worker
 #: allocation joining, ``replace_head``, ``ready_head``, the Dagster
 #: resources' ``head_timeout``, the CLI's ``--timeout``.

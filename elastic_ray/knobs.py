@@ -208,6 +208,11 @@ AUTOSCALE_INTERVAL = _knob(
     "how often the process holding a session's autoscaler lease reads Ray's demand and decides "
     "(one call to the head's GCS, through the probe process it keeps)",
     ("coordinator/scaling/runner.py",), _number(0.2), minimum=0.2)
+AUTOSCALE_DEMAND_POLL = _knob(
+    "ELASTIC_RAY_AUTOSCALE_DEMAND_POLL", "seconds", defaults.AUTOSCALE_DEMAND_POLL,
+    "between two autoscaler turns, how often the lease holder looks at Ray's demand alone (one call "
+    "through the same probe); demand not asked for before starts a turn at once (0: only the turns)",
+    ("coordinator/scaling/runner.py",), _number(0.0), minimum=0.0)
 DETACHED_IDLE_INTERVAL = _knob(
     "ELASTIC_RAY_DETACHED_IDLE_INTERVAL", "seconds", defaults.DETACHED_IDLE_INTERVAL,
     "SSH mode: how often the detached supervisor looks whether every job of its session ended",

@@ -285,3 +285,35 @@ def test_room_on_a_running_node_leaves_a_queued_submission_unneeded():
     assert [c.job_id for c in kinds(decision, Cancel)] == ["8"] and not submits(decision)
     free_of_draining = alloc("7", 1, Phase.DRAINING, free=({"CPU": 1.0, "GPU": 2.0},))
     assert submits(run(demand=Demand(pending=(GPU,) * 2), allocations=(free_of_draining,))) == [(1, False, None)]
+
+
+# ------------------------------------------------------------ when to decide again (wake_at)
+
+@pytest.mark.parametrize("kw, demand, allocations, memory, expected", [
+    pytest.param({}, Demand(), (), Memory(), None, id="nothing-waits:the-next-turn"),
+    pytest.param({"demand_delay": 2.0}, Demand(pending=(GPU,)), (), Memory(), NOW + 2,
+                 id="new-demand:when-demand-delay-runs-out"),
+    pytest.param({"demand_delay": 2.0}, Demand(pending=(GPU,)), (), Memory(unserved_since=NOW - 1.5), NOW + 0.5,
+                 id="demand-waiting-1.5-s:in-0.5-s"),
+    pytest.param({"demand_delay": 2.0}, Demand(pending=(GPU,)), (), Memory(unserved_since=NOW - 40), None,
+                 id="demand-submitted-for:nothing-waits"),
+    pytest.param({"idle_timeout": 300}, Demand(), (alloc("5", 1, idle_since=NOW - 100),), Memory(), NOW + 200,
+                 id="idle-100-s:when-idle-timeout-runs-out"),
+    pytest.param({"idle_timeout": 300}, Demand(), (alloc("5", 1, idle_since=NOW - 400),), Memory(), None,
+                 id="idle-past-it:drained-now-nothing-waits"),
+    pytest.param({"idle_timeout": 300}, Demand(), (alloc("5", 1, idle_since=NOW - 100, hosts_head=True),),
+                 Memory(), None, id="the-head-s-never-drained:no-wake"),
+    pytest.param({"idle_timeout": 300}, Demand(), (alloc("5", 1, Phase.STARTING, idle_since=NOW - 100),),
+                 Memory(), None, id="starting:not-idle"),
+    pytest.param({"cancel_delay": 30}, Demand(), (alloc("7", 1, Phase.QUEUED),),
+                 Memory(unneeded_since={"7": NOW - 10}), NOW + 20, id="queued-unneeded-10-s:when-cancel-delay-ends"),
+    pytest.param({"cancel_delay": 30}, Demand(), (alloc("7", 1, Phase.QUEUED),),
+                 Memory(unneeded_since={"7": NOW - 40}), None, id="queued-cancelled-now:nothing-waits"),
+    pytest.param({"replace_before_walltime": 900}, Demand(), (alloc("5", 1, end_time=NOW + 1000),), Memory(),
+                 NOW + 100, id="busy-ends-in-1000-s:when-the-replacement-is-due"),
+    pytest.param({"idle_timeout": 300, "demand_delay": 2.0}, Demand(pending=({"accelerator:x": 1},)),
+                 (alloc("5", 1, idle_since=NOW - 299),), Memory(), NOW + 1, id="the-earliest-of-several"),
+])
+def test_a_decision_says_when_its_first_delay_runs_out(kw, demand, allocations, memory, expected):
+    decision = decide(policy(**kw), demand, list(allocations), est(), memory, NOW)
+    assert decision.wake_at == (pytest.approx(expected) if expected is not None else None), decision

@@ -10,8 +10,8 @@ import base64
 
 import pytest
 
-from elastic_ray.autoscale.decide import Gang
-from elastic_ray.autoscale.demand import MAX_PER_SHAPE, StateError, read_state
+from elastic_ray.autoscale.decide import Demand, Gang
+from elastic_ray.autoscale.demand import MAX_PER_SHAPE, StateError, grew, read_state
 
 
 def req(resources, **extra):
@@ -92,3 +92,28 @@ def test_request_resources_from_the_key_value_store_when_the_state_has_none():
     assert both.demand.constraints == ({"GPU": 1.0},)
     with pytest.raises(StateError, match=r"autoscaler_resource_request\[0\]"):
         read_state({}, [{"CPU": "one"}])
+
+
+# ------------------------------------------------------------ new demand between turns (grew)
+
+_G2 = Gang(bundles=({"GPU": 1},) * 2, strategy="STRICT_SPREAD", name="g")
+
+
+@pytest.mark.parametrize("before, now, expected", [
+    pytest.param(None, Demand(), False, id="no-turn-yet-nothing-asked"),
+    pytest.param(None, Demand(pending=({"GPU": 1},)), True, id="no-turn-yet-something-asked"),
+    pytest.param(Demand(), Demand(), False, id="nothing-before-nothing-now"),
+    pytest.param(Demand(), Demand(pending=({"GPU": 1},)), True, id="a-first-task"),
+    pytest.param(Demand(pending=({"GPU": 1},)), Demand(pending=({"GPU": 1},)), False, id="the-same"),
+    pytest.param(Demand(pending=({"GPU": 1},)), Demand(pending=({"GPU": 1},) * 2), True, id="one-more-of-a-shape"),
+    pytest.param(Demand(pending=({"GPU": 1},) * 3), Demand(pending=({"GPU": 1},)), False, id="only-fewer"),
+    pytest.param(Demand(pending=({"GPU": 1},)), Demand(pending=({"CPU": 1},)), True, id="another-shape"),
+    pytest.param(Demand(pending=({"GPU": 1, "CPU": 1},)), Demand(pending=({"CPU": 1, "GPU": 1},)), False,
+                 id="key-order-does-not-matter"),
+    pytest.param(Demand(), Demand(gangs=(_G2,)), True, id="a-placement-group"),
+    pytest.param(Demand(gangs=(_G2,)), Demand(gangs=(_G2,)), False, id="the-same-group"),
+    pytest.param(Demand(), Demand(constraints=({"CPU": 1},) * 4), True, id="request-resources"),
+    pytest.param(Demand(constraints=({"CPU": 1},) * 4), Demand(), False, id="request-resources-cleared"),
+])
+def test_new_demand_between_turns(before, now, expected):
+    assert grew(before, now) is expected

@@ -132,7 +132,30 @@ def decide(policy: AutoscalePolicy, demand: Demand, allocations: Sequence[Alloca
     # 5. Replace before the walltime.
     actions += _replace(policy, mine, now)
 
-    return Decision(tuple(actions), Memory(unserved_since, unneeded), tuple(notes), len(units))
+    acted = {a.job_id for a in actions if isinstance(a, (Cancel, Drain))} | \
+        {a.replaces for a in actions if isinstance(a, Submit) and a.replaces}
+    wake = _wake_at(policy, mine, unserved_since if units and not any(isinstance(a, Submit) for a in actions)
+                    else None, {j: t for j, t in unneeded.items() if j not in acted}, acted, now)
+    return Decision(tuple(actions), Memory(unserved_since, unneeded), tuple(notes), len(units), wake)
+
+
+def _wake_at(policy: AutoscalePolicy, mine: Sequence[Allocation], waiting_since: float | None,
+             unneeded: Mapping[str, float], acted: set[str], now: float) -> float | None:
+    """The first moment a delay of this decision runs out: demand waiting ``demand_delay``, a queued
+    job unneeded for ``cancel_delay``, a node idle for ``idle_timeout``, a busy allocation reaching
+    ``replace_before_walltime`` of its end. The shell decides again then, not a whole turn later."""
+    due = [t + policy.cancel_delay for t in unneeded.values()]
+    if waiting_since is not None:
+        due.append(waiting_since + policy.demand_delay)
+    for a in mine:
+        if a.phase is not Phase.RUNNING or a.job_id in acted:
+            continue
+        if a.idle_since is not None and not a.hosts_head:
+            due.append(a.idle_since + policy.idle_timeout)
+        if policy.replace_before_walltime > 0 and a.end_time is not None:
+            due.append(a.end_time - policy.replace_before_walltime)
+    later = [t for t in due if t > now]
+    return min(later) if later else None
 
 
 # ------------------------------------------------------------ 1. unserved demand

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +105,24 @@ def read_state(data: Any, requested: Any = None) -> RayState:
                 constraints.append({k: v for k, v in shape.items() if v > 0})
     nodes = tuple(_node(n, f"node_states[{i}]") for i, n in enumerate(_list(data, "node_states")))
     return RayState(Demand(tuple(pending), tuple(gangs), tuple(constraints)), nodes, skipped)
+
+
+def grew(before: Demand | None, now: Demand) -> bool:
+    """Pure: does ``now`` ask for anything ``before`` did not (a shape more often, a new group or
+    request)? The shell's quick look between turns decides at once when it does; demand that only
+    shrank waits for the turn (nothing to submit for it)."""
+    if before is None:
+        return bool(now.pending or now.gangs or now.constraints)
+    return any(_counts(getattr(now, part)) - _counts(getattr(before, part))
+               for part in ("pending", "gangs", "constraints"))
+
+
+def _counts(items: Sequence[Any]) -> Counter:
+    def key(item: Any) -> Any:
+        if isinstance(item, Gang):
+            return (item.strategy, item.name, tuple(key(b) for b in item.bundles))
+        return tuple(sorted(item.items()))
+    return Counter(key(i) for i in items)
 
 
 def _group_name(details: Any) -> str:

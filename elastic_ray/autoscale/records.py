@@ -134,3 +134,4 @@ class Decision:
     memory: Memory
     notes: tuple[str, ...] = ()
     unserved: int = 0   # units of demand (tasks, actors, groups, bundles) left without room
+    wake_at: float | None = None   # when a delay of this decision runs out (decide again then)

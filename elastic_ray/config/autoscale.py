@@ -23,7 +23,7 @@ from .allocation import SlurmWorkerAllocationConfig
 #: Seconds an unserved demand must have been pending before anything is
 #: submitted for it: a task that a free CPU takes a moment later is no
 #: reason to ask Slurm for a node (see ``decide`` on hysteresis).
-DEFAULT_DEMAND_DELAY = 2.0
+DEFAULT_DEMAND_DELAY = 1.0
 #: Seconds a queued submission must have been unneeded before it is
 #: cancelled: demand that comes back within this time finds it still queued.
 DEFAULT_CANCEL_DELAY = 30.0

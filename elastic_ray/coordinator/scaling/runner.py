@@ -3,7 +3,10 @@
 Every process that supervises a session (``Session(supervise=True)``: the
 run's supervisor, a Dagster step, the SSH mode's detached supervisor) runs
 this thread; only the one that holds the lease (:mod:`.lease`) acts. Each
-turn, every ``interval`` seconds:
+turn, every ``interval`` seconds, sooner when a delay of the last decision
+runs out (its ``wake_at``) or when a quick look at Ray's demand between
+turns (every ``poll`` seconds, one call through the same probe) finds
+something new asked for:
 
 1. read the policy (:mod:`.store`); none: give the lease back and rest;
 2. take or renew the lease; another live holder: rest;
@@ -35,7 +38,8 @@ from dataclasses import replace
 
 from ... import knobs
 from ...autoscale.decide import decide
-from ...autoscale.records import Cancel, Decision, Drain, Memory, Probe, Submit
+from ...autoscale.demand import grew
+from ...autoscale.records import Cancel, Decision, Demand, Drain, Memory, Probe, Submit
 from ...config.autoscale import AutoscalePolicy
 from ...errors import CorruptFileError, ElasticRayError
 from ...protocol.disk.records import AllocationRecord
@@ -52,15 +56,19 @@ log = logging.getLogger("elastic_ray.coordinator")
 
 #: Seconds before a pool whose submission failed (sbatch refused it) is submitted to again.
 SUBMIT_RETRY = PROBE_EVERY
+#: A turn woken by a decision's ``wake_at`` comes this much after it, so the delay has run out.
+WAKE_SLACK = 0.05
 
 
 class Autoscaler:
     """The loop of one process (see the module docstring). ``turn`` runs one turn (tests call it)."""
 
     def __init__(self, session: act.ScaledSession, interval: float | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, poll: float | None = None):
         self.session = session
         self.interval = knobs.AUTOSCALE_INTERVAL.value() if interval is None else interval
+        self.poll = knobs.AUTOSCALE_DEMAND_POLL.value() if poll is None else poll
+        self._turn_demand: Demand | None = None   # what the last turn read of Ray's demand
         self.clock = clock
         self.holder = lease.holder_name(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:8])
         self.held = False
@@ -91,15 +99,37 @@ class Autoscaler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            decision = None
             try:
-                self.turn()
+                decision = self.turn()
             except (ElasticRayError, OSError) as exc:
                 self._failed(str(exc))
             except Exception as exc:   # noqa: BLE001 - the loop must outlive a bug in one turn
                 self._failed(f"{type(exc).__name__}: {exc}", trace=True)
             else:
                 self._errors.cleared(time.monotonic())
-            self._stop.wait(self.interval)
+            self._rest(decision)
+
+    def _rest(self, decision: Decision | None) -> None:
+        """Until the next turn: ``interval``, or sooner when a delay of ``decision`` runs out
+        (``wake_at``) or a quick look at Ray (every ``poll`` s, the lease held) finds new demand."""
+        end = time.monotonic() + self.interval
+        if decision is not None and decision.wake_at is not None:
+            end = min(end, time.monotonic() + max(0.0, decision.wake_at - self.clock()) + WAKE_SLACK)
+        while True:
+            left = end - time.monotonic()
+            look = self.poll > 0 and self.held and self._turn_demand is not None and left > self.poll
+            if left <= 0 or self._stop.wait(self.poll if look else left):
+                return
+            if look and self._demand_grew():
+                return
+
+    def _demand_grew(self) -> bool:
+        try:
+            _, ray = self.demand.read(self.session)
+        except (ElasticRayError, OSError):
+            return False      # the turn will say what is wrong
+        return grew(self._turn_demand, ray.demand)
 
     def _failed(self, text: str, trace: bool = False) -> None:
         self._errors.failed(f"autoscaler: {text}", time.monotonic(), trace=trace)
@@ -124,6 +154,7 @@ class Autoscaler:
             return None
         now = self.clock()
         head, ray = self.demand.read(self.session)
+        self._turn_demand = ray.demand
         jobs = self.session.query(max_age=watch_max_age())   # the shared answer: no more squeue than today
         live = [j for j, w in record.workers.items() if j in jobs and not jobs[j].state.is_final]
         nodes = {j: self.session.node_states(j) for j in live}
