@@ -354,3 +354,50 @@ def test_a_busy_allocation_near_its_walltime_is_replaced_before_it_drains(make_s
     replacement = again[1]
     assert replacement.details["replaces"] == first and f"job {first} is busy and ends in" in replacement.reason
     session.wait_for_worker_allocation(replacement.job, timeout=120)
+
+
+DATA = r'''
+import json, time
+import ray
+from ray.data import ActorPoolStrategy
+ray.init(logging_level="ERROR", log_to_driver=False)
+ray.data.DataContext.get_current().enable_progress_bars = False
+
+class Slow:
+    def __call__(self, batch):
+        time.sleep(1.0)
+        batch["node"] = [ray.get_runtime_context().get_node_id()] * len(batch["id"])
+        return batch
+
+rows = ray.data.range(120, override_num_blocks=24).map_batches(
+    Slow, compute=ActorPoolStrategy(min_size=1, max_size=4), num_cpus=1, batch_size=5).take_all()
+print(json.dumps({"rows": sorted(r["id"] for r in rows), "nodes": sorted({r["node"] for r in rows})}))
+'''
+
+
+@pytest.mark.slow
+def test_a_ray_data_actor_pool_grows_onto_new_allocations_and_finishes(make_session):
+    """A Ray Data pipeline whose actor pool may hold 1 to 4 actors of one CPU, on a head of one CPU:
+    the actors it wants beyond the head (pending actors, and Ray Data's own ``request_resources``)
+    grow the run onto the cpu pool, the pipeline finishes with every row, and the allocations are
+    drained once idle. Full tier (Ray Data on the lab takes a while). Per change: the same two kinds of
+    demand, pending actors and requested bundles, by table (tests/test_autoscale_demand.py, _decide.py)
+    and request_resources for real (tests/test_autoscale_local.py)."""
+    import json
+
+    session = make_session()
+    session.wait_for_head(timeout=120)
+    session.autoscale(AutoscalePolicy(pools=[Pool(CPU_POOL, max_allocations=3)], idle_timeout=5, backlog=2))
+    code, out, err = _driver(session, DATA, session.path, timeout=400)
+    assert code == 0, err
+    done = json.loads(out.strip().splitlines()[-1])
+    assert done["rows"] == list(range(120)), "every row once"
+    submits = _decisions(session, "submit")
+    assert submits and all(e.details["partition"] == "cpu" for e in submits), [e.reason for e in submits]
+    grown = {s.node_id for e in submits for s in session.node_states(e.job).values()}
+    assert set(done["nodes"]) & grown, "the pool's actors ran on the allocations the autoscaler added"
+    for e in submits:
+        assert _final(session, e.job, 150).state is JobState.COMPLETED
+    print(f"\n[lab] Ray Data: {len(submits)} allocations added, batches ran on {len(done['nodes'])} nodes")
+    for e in submits:
+        print(f"[lab] submit job {e.job}: {e.reason}")
