@@ -44,6 +44,15 @@ def test_due(record, holder, expected):
     assert lease.due(record, holder, NOW) is expected
 
 
+@pytest.mark.parametrize("record, holder, expected", [
+    (AllocationRecord(), A, None),                       # none held: nothing to renew
+    (held(A, expires=NOW + 40), A, NOW + 40 - lease.RENEW_WHEN_LEFT),
+    (held(B, expires=NOW + 40), A, None),                # another's
+])
+def test_renew_at(record, holder, expected):
+    assert lease.renew_at(record, holder) == expected
+
+
 def test_release_leaves_another_s_lease_alone():
     assert lease.release(held(A), A).autoscaler is None
     other = held(B)

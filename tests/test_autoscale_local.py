@@ -62,11 +62,13 @@ print(sorted(set(ray.get([where.remote() for _ in range(2)], timeout=120))))
 
 
 @pytest.fixture
-def session(tmp_path, monkeypatch):
-    """A session on the local scheduler, supervised by this process, with gpu-a held by another job."""
+def session(tmp_path, monkeypatch, request):
+    """A session on the local scheduler, supervised by this process, with gpu-a held by another job.
+    The autoscaler's turn comes every second, or every ``request.param`` seconds (indirect)."""
     monkeypatch.setenv("ELASTIC_AGENT_BACKOFF_BASE", "1")
     monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
-    monkeypatch.setenv("ELASTIC_RAY_AUTOSCALE_INTERVAL", "1")
+    monkeypatch.setenv("ELASTIC_RAY_AUTOSCALE_INTERVAL", str(getattr(request, "param", 1)))
+    monkeypatch.setenv("ELASTIC_RAY_AUTOSCALE_DEMAND_POLL", "0.5")
     made = Session.create(tmp_path / "s", scheduler="local", head=HEAD, supervise=True,
                           launcher=RayLauncher(object_store_memory=100_000_000))
     other = made.scheduler.submit(JobSpec(
@@ -95,9 +97,14 @@ def _decisions(session: Session, action: str) -> list:
             if e.kind is EventKind.SCALER_DECISION and e.details.get("action") == action]
 
 
+@pytest.mark.parametrize("session", [300], indirect=True)
 def test_pending_gpu_tasks_grow_the_pool_that_starts_first_then_idle_drains_it(session, tmp_path):
+    """A turn only every 300 s here: the policy being set, the demand showing, its ``demand_delay`` and
+    the node's ``idle_timeout`` running out, and the policy stopping must each be acted on at once (the
+    quick look every 0.5 s, the decision's ``wake_at``), never a turn later."""
     session.wait_for_head(timeout=90)
     t0 = time.monotonic()
+    set_at = time.time()
     session.autoscale(AutoscalePolicy(pools=[Pool(CPU_POOL, max_allocations=2), Pool(GPU_A), Pool(GPU_B)],
                                       idle_timeout=3, demand_delay=0.5, backlog=1))
     with (tmp_path / "driver.out").open("w") as out, (tmp_path / "driver.err").open("w") as err:
@@ -108,6 +115,7 @@ def test_pending_gpu_tasks_grow_the_pool_that_starts_first_then_idle_drains_it(s
     submits = _decisions(session, "submit")
     assert [(e.details["partition"], e.details["pool"]) for e in submits] == [("gpu-b", 2)], submits
     job = submits[0].job
+    assert submits[0].at - set_at < 30, "the policy and the demand were acted on at once, not a turn later"
     assert submits[0].reason.startswith("2 x {CPU: 1, GPU: 1} pending"), submits[0].reason
     reason = submits[0].reason
     assert "gpu-b starts now" in reason and re.search(r"gpu-a in ~(29|30) min", reason), reason
@@ -117,15 +125,18 @@ def test_pending_gpu_tasks_grow_the_pool_that_starts_first_then_idle_drains_it(s
     assert ran_on == [s.node_id for s in session.node_states(job).values()]
 
     # No demand now: idle_timeout later it is drained through its agents and ends COMPLETED.
+    done_at = time.time()
     wait_until(lambda: _decisions(session, "drain"), timeout=60, message="the idle allocation was not drained")
     drain = _decisions(session, "drain")[0]
     assert drain.job == job and "idle" in drain.reason
+    assert drain.at - done_at < 3 + 20, "drained when idle_timeout ran out (wake_at), not a turn later"
     final = wait_until(lambda: (i := session.job_info(job)) is not None and i.state.is_final and i, timeout=60,
                        message="the drained allocation did not end")
     assert final.state is JobState.COMPLETED
     t_done = time.monotonic() - t0
     lease_events = [e for e in event_log.read(session.path).events if e.kind is EventKind.AUTOSCALE_LEASE]
-    assert lease_events and lease_events[0].reason == "taken"
+    # Taken once and kept: renewed on time with no turn due for minutes (a lapse would show a second "taken").
+    assert [e.reason for e in lease_events] == ["taken"], lease_events
     state = store.read_state(session.path)
     assert state is not None and not state.error
     assert job not in state.jobs or state.jobs[job].ending, "marked ending, and forgotten once it ended"

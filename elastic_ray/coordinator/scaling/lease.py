@@ -64,6 +64,15 @@ def due(record: AllocationRecord, holder: str, now: float, renew_when_left: floa
     return lease is None or lease.claimant != holder or lease.expires - now <= renew_when_left
 
 
+def renew_at(record: AllocationRecord, holder: str) -> float | None:
+    """When ``holder`` must renew its lease (None: it holds none), so a holder resting longer between
+    turns than a third of the period wakes for it."""
+    lease = record.autoscaler
+    if lease is None or lease.claimant != holder:
+        return None
+    return lease.expires - RENEW_WHEN_LEFT
+
+
 def release(record: AllocationRecord, holder: str) -> AllocationRecord:
     """Give the lease up (a stopped policy, a closing session); another's is left alone."""
     if record.autoscaler is None or record.autoscaler.claimant != holder:
@@ -71,4 +80,4 @@ def release(record: AllocationRecord, holder: str) -> AllocationRecord:
     return replace(record, autoscaler=None)
 
 
-__all__ = ["LEASE_PERIOD", "RENEW_WHEN_LEFT", "holder_name", "live_lease", "take", "holds", "due", "release"]
+__all__ = ["LEASE_PERIOD", "RENEW_WHEN_LEFT", "holder_name", "live_lease", "take", "holds", "due", "renew_at", "release"]

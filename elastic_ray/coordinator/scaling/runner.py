@@ -4,9 +4,10 @@ Every process that supervises a session (``Session(supervise=True)``: the
 run's supervisor, a Dagster step, the SSH mode's detached supervisor) runs
 this thread; only the one that holds the lease (:mod:`.lease`) acts. Each
 turn, every ``interval`` seconds, sooner when a delay of the last decision
-runs out (its ``wake_at``) or when a quick look at Ray's demand between
-turns (every ``poll`` seconds, one call through the same probe) finds
-something new asked for:
+runs out (its ``wake_at``), when the lease is due for renewal, or when a
+look between turns (every ``poll`` seconds) finds the policy file changed
+(one ``stat``) or, the lease held, something new asked of Ray (one call
+through the same probe):
 
 1. read the policy (:mod:`.store`); none: give the lease back and rest;
 2. take or renew the lease; another live holder: rest;
@@ -69,6 +70,8 @@ class Autoscaler:
         self.interval = knobs.AUTOSCALE_INTERVAL.value() if interval is None else interval
         self.poll = knobs.AUTOSCALE_DEMAND_POLL.value() if poll is None else poll
         self._turn_demand: Demand | None = None   # what the last turn read of Ray's demand
+        self._renew_at: float | None = None        # when the lease held must be renewed
+        self._policy_stamp: tuple[int, int, int] | None = None   # the policy file as the last turn saw it
         self.clock = clock
         self.holder = lease.holder_name(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:8])
         self.held = False
@@ -112,16 +115,20 @@ class Autoscaler:
 
     def _rest(self, decision: Decision | None) -> None:
         """Until the next turn: ``interval``, or sooner when a delay of ``decision`` runs out
-        (``wake_at``) or a quick look at Ray (every ``poll`` s, the lease held) finds new demand."""
+        (``wake_at``), the lease is due, or a look every ``poll`` s finds the policy file changed
+        or (the lease held) new demand in Ray."""
         end = time.monotonic() + self.interval
-        if decision is not None and decision.wake_at is not None:
-            end = min(end, time.monotonic() + max(0.0, decision.wake_at - self.clock()) + WAKE_SLACK)
+        for at in (decision.wake_at if decision is not None else None, self._renew_at if self.held else None):
+            if at is not None:
+                end = min(end, time.monotonic() + max(0.0, at - self.clock()) + WAKE_SLACK)
         while True:
             left = end - time.monotonic()
-            look = self.poll > 0 and self.held and self._turn_demand is not None and left > self.poll
+            look = self.poll > 0 and left > self.poll
             if left <= 0 or self._stop.wait(self.poll if look else left):
                 return
-            if look and self._demand_grew():
+            if look and store.policy_stamp(self.session.path) != self._policy_stamp:
+                return        # a policy set, changed or stopped (by any process): act on it now
+            if look and self.held and self._turn_demand is not None and self._demand_grew():
                 return
 
     def _demand_grew(self) -> bool:
@@ -140,6 +147,7 @@ class Autoscaler:
     # ------------------------------------------------------------ one turn
     def turn(self) -> Decision | None:
         """One turn; the decision acted on, or None when this process did not act."""
+        self._policy_stamp = store.policy_stamp(self.session.path)
         try:
             stored = store.read_policy(self.session.path)
         except CorruptFileError as exc:
@@ -233,6 +241,7 @@ class Autoscaler:
         record = self.session.dir.update_allocation(
             lambda r: lease.take(r, self.holder, self.clock(), holder_dead=holder_gone))
         held = lease.holds(record, self.holder, self.clock())
+        self._renew_at = lease.renew_at(record, self.holder)
         if held and not self.held:
             self._take_over(None if before is None or before.claimant == self.holder else before.claimant)
         elif self.held and not held:

@@ -18,6 +18,7 @@ them). Both files are versioned on their own (1).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -127,6 +128,16 @@ def stop_at_teardown(session: Path) -> bool:
     event_log.emit(session, EventKind.AUTOSCALE_POLICY, EventSource.COORDINATOR, reason="stopped by teardown")
     log.info("event=autoscale_policy session=%s policy=none reason=teardown", session)
     return True
+
+
+def policy_stamp(session: Path) -> tuple[int, int, int] | None:
+    """The policy file's (inode, size, mtime_ns), None without one: one ``stat``, so a resting
+    autoscaler sees a policy set or stopped by any process at its next look, not its next turn."""
+    try:
+        st = os.stat(paths.autoscale_file(session))
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def read_policy(session: Path) -> PolicyFile | None:
