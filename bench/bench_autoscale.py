@@ -28,7 +28,8 @@ in the head's job (``srun --overlap``), as a run's payload does.
     end), per hour. The (b) runs count the driver's own ``srun --overlap`` too (a
     user's payload costs that anyway); the bench makes no Slurm call inside them.
 (e) What the lease holder costs while idle: CPU of this process (it holds the lease
-    and runs the autoscaler's thread) and of its probe process, over the idle window.
+    and runs the autoscaler's thread) and of its probe process, in windows of the idle
+    period alternating the quick look at Ray's demand between turns on and off.
 """
 
 from __future__ import annotations
@@ -253,16 +254,24 @@ def main() -> int:
 
         # (d) idle: the policy on, no demand, nothing but the head.
         time.sleep(5)
-        probe = session.supervisor.autoscaler.demand.pid
-        me, child = psutil.Process(), psutil.Process(probe) if probe else None
-        cpu0 = (sum(me.cpu_times()[:2]), sum(child.cpu_times()[:2]) if child else 0.0)
+        scaler = session.supervisor.autoscaler
+        me, child = psutil.Process(), psutil.Process(scaler.demand.pid)
         slurm("sdiag", "-r")
         cli0 = Counter(session.scheduler.calls)
         t = time.time()
-        time.sleep(args.idle)
+        # (e) alternating windows, the quick look between turns on (as configured) and off.
+        polls = {scaler.poll: [], 0.0: []}
+        for _ in range(3):
+            for every in list(polls):
+                scaler.poll = every
+                c0, w0 = (sum(me.cpu_times()[:2]), sum(child.cpu_times()[:2])), time.monotonic()
+                time.sleep(args.idle / 6)
+                wall = time.monotonic() - w0
+                polls[every].append({"me": 100 * (sum(me.cpu_times()[:2]) - c0[0]) / wall,
+                                    "probe": 100 * (sum(child.cpu_times()[:2]) - c0[1]) / wall})
+        scaler.poll = max(polls)
         idle_sdiag, idle_secs = sdiag_counts(), time.time() - t
         idle_cli = Counter(session.scheduler.calls) - cli0
-        idle_cpu = (sum(me.cpu_times()[:2]) - cpu0[0], (sum(child.cpu_times()[:2]) - cpu0[1]) if child else 0.0)
 
         busy, busy_secs = Counter(), []
         for i in range(args.runs):
@@ -291,8 +300,10 @@ def main() -> int:
     print(f"| (c) idle capacity held: task ended -> COMPLETED | {med(ours, 'held'):.2f} s | {rng(ours, 'held')} |")
     print(f"\n(b) / (a) = {o_med / f_med:.2f}x; (b) - 1.2 x (a) = {o_med - 1.2 * f_med:+.2f} s (target <= 2 s); "
           f"(c) - idle_timeout = {med(ours, 'held') - args.idle_timeout:.2f} s (the drain)")
-    print(f"(e) idle, policy on: CPU of this process (the lease holder) {100 * idle_cpu[0] / idle_secs:.2f} % of a "
-          f"core, of its probe {100 * idle_cpu[1] / idle_secs:.2f} % (over {idle_secs:.0f} s)")
+    for every, rows in polls.items():
+        print(f"(e) idle, policy on, quick look every {every:g} s (0: off): CPU of this process (the lease holder) "
+              f"{med(rows, 'me'):.2f} % of a core ({rng(rows, 'me')}), of its probe {med(rows, 'probe'):.2f} % "
+              f"({rng(rows, 'probe')}); 3 windows of {args.idle / 6:.0f} s each, alternating")
     print(f"(d) idle, policy on: slurmctld {per_hour(idle_sdiag, idle_secs)}; this process's Slurm CLI calls "
           f"{per_hour(idle_cli, idle_secs)}")
     busy_sdiag = Counter({k: v for k, v in busy.items() if not k.startswith("cli:")})

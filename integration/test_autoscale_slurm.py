@@ -365,11 +365,11 @@ ray.data.DataContext.get_current().enable_progress_bars = False
 
 class Slow:
     def __call__(self, batch):
-        time.sleep(1.0)
+        time.sleep(1.5)   # long enough a pipeline (48 batches) for the pool to grow while it runs
         batch["node"] = [ray.get_runtime_context().get_node_id()] * len(batch["id"])
         return batch
 
-rows = ray.data.range(120, override_num_blocks=24).map_batches(
+rows = ray.data.range(240, override_num_blocks=48).map_batches(
     Slow, compute=ActorPoolStrategy(min_size=1, max_size=4), num_cpus=1, batch_size=5).take_all()
 print(json.dumps({"rows": sorted(r["id"] for r in rows), "nodes": sorted({r["node"] for r in rows})}))
 '''
@@ -391,11 +391,11 @@ def test_a_ray_data_actor_pool_grows_onto_new_allocations_and_finishes(make_sess
     code, out, err = _driver(session, DATA, session.path, timeout=400)
     assert code == 0, err
     done = json.loads(out.strip().splitlines()[-1])
-    assert done["rows"] == list(range(120)), "every row once"
+    assert done["rows"] == list(range(240)), "every row once"
     submits = _decisions(session, "submit")
     assert submits and all(e.details["partition"] == "cpu" for e in submits), [e.reason for e in submits]
     grown = {s.node_id for e in submits for s in session.node_states(e.job).values()}
-    assert set(done["nodes"]) & grown, "the pool's actors ran on the allocations the autoscaler added"
+    assert len(set(done["nodes"]) & grown) >= 2, "the pool grew: its actors ran on several added allocations"
     for e in submits:
         assert _final(session, e.job, 150).state is JobState.COMPLETED
     print(f"\n[lab] Ray Data: {len(submits)} allocations added, batches ran on {len(done['nodes'])} nodes")

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from elastic_ray import Session, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from elastic_ray.agent.node.ray_load import read_gpu_load
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.protocol.disk import event_log
 from elastic_ray.protocol.disk.events import EventKind as K
@@ -133,7 +134,14 @@ def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypa
         wait_until(lambda: session.query([big.job_id])[big.job_id].reason not in ("", "None"), timeout=60,
                    message="Slurm gave the big allocation no reason to pend")
         assert session.remove_worker_allocation(big, drain_timeout=30) == "CANCELLED"
-        time.sleep(3)                                   # b holds its GPU a few samples long
+        # b holds its GPU a few samples long (one a second), counted from when its Ray's metrics page
+        # first exports the GPU: Ray refreshes it every 10 s, so under CI's load that can come late
+        # (a fixed 3 s once saw no sample at all: per-change red, 2026-12-02).
+        (state_b,) = session.node_states(b.job_id).values()
+        port_b = state_b.ports["metrics_export_port"]
+        wait_until(lambda: read_gpu_load(port_b, host=state_b.node_ip) is not None, timeout=60,
+                   message="b's metrics page to export its GPU")
+        time.sleep(3)
         t_remove_b = time.time()
         assert session.remove_worker_allocation(b, drain_timeout=60) == "COMPLETED"
         t_removed_b = time.time()
