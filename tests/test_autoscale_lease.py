@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from elastic_ray.coordinator.scaling import lease
+from elastic_ray.coordinator.scaling.runner import rest_for
 from elastic_ray.protocol.disk.records import AllocationRecord, ElectionClaim
 
 A, B = "host-a:10:aaaa", "host-b:20:bbbb"
@@ -84,3 +85,19 @@ def test_a_takeover_on_another_host_happens_within_a_minute():
     # The holder renews when RENEW_WHEN_LEFT is left; dead right after a renewal, its lease lapses
     # LEASE_PERIOD later, and the next turn of another process (every few seconds) takes it.
     assert lease.LEASE_PERIOD + 10 <= 60 and lease.RENEW_WHEN_LEFT < lease.LEASE_PERIOD
+
+
+# ------------------------------------------------------------ the loop's rest between turns (runner.rest_for)
+
+@pytest.mark.parametrize("wake_at, renew_at, failed, expected", [
+    (None, None, False, 5.0),                    # nothing due: the interval
+    (NOW + 2, None, False, 2.05),                # a delay runs out in 2 s: just after it
+    (NOW + 60, None, False, 5.0),                # later than the interval: the interval
+    (NOW - 1, None, False, 0.05),                # already past: at once
+    (None, NOW + 3, False, 3.05),                # the lease is due in 3 s
+    (NOW + 4, NOW + 3, False, 3.05),             # the earlier of the two
+    (None, NOW - 10, True, 5.0),                 # a renewal that failed: not again in a loop
+    (NOW + 2, NOW - 10, True, 2.05),             # ...while a decision's delay still counts
+])
+def test_rest_between_turns(wake_at, renew_at, failed, expected):
+    assert rest_for(5.0, NOW, wake_at, renew_at, failed) == pytest.approx(expected)

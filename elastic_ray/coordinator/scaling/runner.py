@@ -61,6 +61,17 @@ SUBMIT_RETRY = PROBE_EVERY
 WAKE_SLACK = 0.05
 
 
+def rest_for(interval: float, now: float, wake_at: float | None, renew_at: float | None, failed: bool) -> float:
+    """Pure: seconds until the next turn. ``interval``, or just after the decision's ``wake_at`` or the
+    lease's ``renew_at`` when sooner (at once when already past); after a failed turn the renewal
+    does not count, so a renewal that keeps failing is tried once an interval, not in a loop."""
+    rest = interval
+    for at in (wake_at, None if failed else renew_at):
+        if at is not None:
+            rest = min(rest, max(0.0, at - now) + WAKE_SLACK)
+    return rest
+
+
 class Autoscaler:
     """The loop of one process (see the module docstring). ``turn`` runs one turn (tests call it)."""
 
@@ -102,25 +113,25 @@ class Autoscaler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            decision = None
+            decision, failed = None, True
             try:
-                decision = self.turn()
+                decision, failed = self.turn(), False
             except (ElasticRayError, OSError) as exc:
                 self._failed(str(exc))
             except Exception as exc:   # noqa: BLE001 - the loop must outlive a bug in one turn
                 self._failed(f"{type(exc).__name__}: {exc}", trace=True)
             else:
                 self._errors.cleared(time.monotonic())
-            self._rest(decision)
+            self._rest(decision, failed)
 
-    def _rest(self, decision: Decision | None) -> None:
+    def _rest(self, decision: Decision | None, failed: bool = False) -> None:
         """Until the next turn: ``interval``, or sooner when a delay of ``decision`` runs out
         (``wake_at``), the lease is due, or a look every ``poll`` s finds the policy file changed
-        or (the lease held) new demand in Ray."""
-        end = time.monotonic() + self.interval
-        for at in (decision.wake_at if decision is not None else None, self._renew_at if self.held else None):
-            if at is not None:
-                end = min(end, time.monotonic() + max(0.0, at - self.clock()) + WAKE_SLACK)
+        or (the lease held) new demand in Ray. After a failed turn only the policy file cuts the rest
+        short: a renewal that failed (a full filesystem) is tried again a whole interval later, not
+        in a loop."""
+        end = time.monotonic() + rest_for(self.interval, self.clock(), decision.wake_at if decision else None,
+                                          self._renew_at if self.held else None, failed)
         while True:
             left = end - time.monotonic()
             look = self.poll > 0 and left > self.poll
@@ -128,7 +139,7 @@ class Autoscaler:
                 return
             if look and store.policy_stamp(self.session.path) != self._policy_stamp:
                 return        # a policy set, changed or stopped (by any process): act on it now
-            if look and self.held and self._turn_demand is not None and self._demand_grew():
+            if look and not failed and self.held and self._turn_demand is not None and self._demand_grew():
                 return
 
     def _demand_grew(self) -> bool:
@@ -283,4 +294,4 @@ class Autoscaler:
         store.write_state(self.session.path, self.state, durable=durable)
 
 
-__all__ = ["Autoscaler"]
+__all__ = ["Autoscaler", "rest_for"]
