@@ -62,6 +62,10 @@ def session_dir(tmp_path, monkeypatch):
     return directory
 
 
+def _lease_events(session_dir):
+    return [e for e in event_log.read(session_dir.path).events if e.kind is EventKind.AUTOSCALE_LEASE]
+
+
 def test_a_killed_holder_s_lease_is_taken_over_by_another_supervising_process(session_dir, tmp_path):
     env = {**os.environ, "ELASTIC_RAY_AUTOSCALE_INTERVAL": "0.3"}
     with (tmp_path / "holder.err").open("w") as err:
@@ -80,7 +84,8 @@ def test_a_killed_holder_s_lease_is_taken_over_by_another_supervising_process(se
         wait_until(lambda: _holder_pid(session_dir) == os.getpid(), timeout=60,
                    message="the lease was not taken over")
         took = time.monotonic() - t_killed
-        leases = [e for e in event_log.read(session_dir.path).events if e.kind is EventKind.AUTOSCALE_LEASE]
+        wait_until(lambda: len(_lease_events(session_dir)) >= 2, timeout=5, message="no event for the take-over")
+        leases = _lease_events(session_dir)
         assert [e.reason for e in leases] == ["taken", "taken over"], leases
         assert claimant_process(str(leases[1].details["previous"]))[1] == holder.pid
         print(f"\nholder killed -> lease taken over in {took:.1f} s")
@@ -112,7 +117,9 @@ def test_a_lease_held_on_another_host_is_waited_out_then_taken(session_dir):
               message="the other host's live lease keeps")
         wait_until(lambda: _holder_pid(session_dir) == os.getpid(), timeout=10, message="the lapsed lease was not taken")
         assert time.time() >= expires
-        leases = [e for e in event_log.read(session_dir.path).events if e.kind is EventKind.AUTOSCALE_LEASE]
+        # The lease is committed to the allocation record first and its event appended right after.
+        wait_until(lambda: _lease_events(session_dir), timeout=5, message="no lease event after the take-over")
+        leases = _lease_events(session_dir)
         assert (leases[-1].reason, leases[-1].details["previous"]) == ("taken over", elsewhere)
     finally:
         ours.close()
