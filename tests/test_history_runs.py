@@ -188,3 +188,27 @@ def test_a_node_s_own_leave_line_after_its_allocation_ended_closes_the_same_stay
     (stay,) = history.nodes_of("98")
     assert (stay.started_at, stay.joined_at, stay.left_at) == (t0 + 1, t0 + 4, t0 + 16)
     assert (stay.left_reason, stay.left_state, stay.open) == ("head moved to 99", "LEFT", False)
+
+
+def test_a_node_s_drain_line_after_its_allocation_ended_stays_in_the_same_stay():
+    """scancel of a head: the coordinator may see COMPLETING before the head's agent writes the drain its
+    SIGTERM began. The drain and the leave after it belong to the one stay whose start is known (a new
+    stay without a start made the head's usage row `partial`: per-change red, 2026-12-02)."""
+    from elastic_ray.history.runs import build
+    from elastic_ray.history.usage import usage
+    from elastic_ray.protocol.disk.events import Event, EventKind as EK, EventSource as ES
+
+    t0 = 1_796_000_000.0
+    events = [Event(at=t0, kind=EK.SUBMITTED, by=ES.COORDINATOR, job="98", details={"role": "head", "gpus_per_node": 0}),
+              Event(at=t0 + 1, kind=EK.STARTED, by=ES.AGENT, job="98", node="cpu-1"),
+              Event(at=t0 + 4, kind=EK.NODE_JOINED, by=ES.AGENT, job="98", node="cpu-1"),
+              Event(at=t0 + 13.5, kind=EK.FAILED, by=ES.COORDINATOR, job="98", details={"state": "COMPLETING"}),
+              Event(at=t0 + 13.6, kind=EK.DRAIN_REQUESTED, by=ES.AGENT, job="98", node="cpu-1",
+                    reason="draining: SIGTERM (job COMPLETING)"),
+              Event(at=t0 + 16, kind=EK.NODE_LEFT, by=ES.AGENT, job="98", node="cpu-1", reason="head moved to 99",
+                    details={"state": "LEFT"})]
+    history = build(events, now=t0 + 30)
+    (stay,) = history.nodes_of("98")
+    assert (stay.started_at, stay.joined_at, stay.draining_at, stay.left_at) == (t0 + 1, t0 + 4, t0 + 13.6, t0 + 16)
+    row = usage(history).allocations[0]
+    assert (row.nodes, row.partial) == (1, False) and row.node_hours == pytest.approx(15 / 3600)

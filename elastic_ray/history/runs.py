@@ -230,6 +230,13 @@ class _Builder:
             self.update(job, started_at=_earliest(self.allocation(job).started_at, at))
         return index
 
+    def stay(self, job: str, node: str, at: float) -> int:
+        """The node's open interval or, once its allocation's end closed it, that one: a node's own
+        drain or join line written after the coordinator saw its job end belongs to the same stay."""
+        if (job, node) not in self.current and (job, node) in self.closed_by_end:
+            return self.closed_by_end[(job, node)]
+        return self.interval(job, node, at)
+
     def set_node(self, index: int, **fields: Any) -> None:
         self.nodes[index] = replace(self.nodes[index], **fields)
 
@@ -299,13 +306,13 @@ class _Builder:
             if self.allocation(job).role is Role.HEAD and not self.heads:     # its submission line is lost
                 self.heads.append(HeadPeriod(job=job, since=at, until=None, how=HeadChange.FIRST))
         elif kind is EventKind.NODE_JOINED and node is not None:
-            index = self.interval(job, node, at)
+            index = self.stay(job, node, at)
             if self.nodes[index].joined_at is None:
                 self.set_node(index, joined_at=at)
         elif kind is EventKind.DRAIN_REQUESTED:
             targets = [node] if node is not None else [n for (j, n) in self.current if j == job]
             for target in targets:
-                index = self.interval(job, target, at)
+                index = self.stay(job, target, at)
                 if self.nodes[index].draining_at is None:
                     self.set_node(index, draining_at=at)
         elif kind is EventKind.NODE_LEFT and node is not None:
