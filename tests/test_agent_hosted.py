@@ -122,7 +122,7 @@ def test_a_head_that_did_not_start_is_killed_before_it_counts_as_failed():
         (HostedKilled(121), HostedState.FAILED, [Log, StatusSoon]),
     ])
     assert logs(actions) == [("hosted_head_failed", {})]
-    assert h.as_status() == {"state": "FAILED", "reason": "the head did not start; see the Ray log", "at": 121}
+    assert h.as_status() == {"state": "FAILED", "reason": "the head did not start; see the Ray log", "at": 121, "failures": 1}
 
 
 def test_a_failed_head_may_be_asked_again():
@@ -137,7 +137,7 @@ def test_a_failed_head_may_be_asked_again():
 
 def test_a_ready_head_whose_ray_ended_fails_and_says_so_at_once():
     h, actions = run([(HostedRayEnded(50), HostedState.FAILED, [Log, PublishStatus])], ready())
-    assert h.as_status() == {"state": "FAILED", "reason": "the hosted head's Ray stopped", "at": 50}
+    assert h.as_status() == {"state": "FAILED", "reason": "the hosted head's Ray stopped", "at": 50, "failures": 1}
 
 
 @pytest.mark.parametrize("event", [HostedStarted(1, ADDR, True), EndpointWritten(1, ADDR), HostedKilled(1),
@@ -380,7 +380,7 @@ def test_a_standby_that_does_not_start_fails_like_a_head():
 def test_a_standby_whose_ray_ended_fails(h):
     assert watched(h)
     h2, actions = run([(HostedRayEnded(40), HostedState.FAILED, [Log, PublishStatus])], h)
-    assert h2.as_status() == {"state": "FAILED", "reason": "the standby head's Ray stopped", "at": 40}
+    assert h2.as_status() == {"state": "FAILED", "reason": "the standby head's Ray stopped", "at": 40, "failures": 1}
     assert logs(actions) == [("hosted_head_failed", {"was": "STANDBY"})]
 
 
@@ -429,3 +429,19 @@ def test_the_standbys_pid_is_published_and_kept_by_the_head_it_becomes():
     assert h.as_status() == {"state": "READY", "address": ADDR, "at": 2.05, "pid": 4321}
     failed, _ = step(h, HostedRayEnded(3))
     assert "pid" not in failed.as_status()
+
+
+def test_failures_in_a_row_are_counted_and_a_start_that_came_up_resets_them():
+    """The count the coordinator paces its next standby by (coordinator/head/standby_retry.py)."""
+    h = Hosting(FIRST)
+    for n in (1, 2, 3):
+        h, _ = step(h, StandbyRequested(10 * n))
+        h, _ = step(h, HostedStarted(10 * n + 1, None, up=False))
+        h, _ = step(h, HostedKilled(10 * n + 2))
+        assert (h.state, h.failures, h.as_status()["failures"], h.as_status()["at"]) == (
+            HostedState.FAILED, n, n, 10 * n + 2)
+    h, _ = step(h, StandbyRequested(100))
+    h, _ = step(h, HostedStarted(101, "10.0.0.1:6380", up=True, pid=7))
+    assert (h.state, h.failures) == (HostedState.STANDBY, 0) and "failures" not in h.as_status()
+    h, _ = step(h, HostedRayEnded(200))
+    assert (h.state, h.failures) == (HostedState.FAILED, 1)

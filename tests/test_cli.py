@@ -644,11 +644,16 @@ def test_status_notes_a_standby_head_and_a_failed_hosted_head():
     nodes["21"] = dict(nodes["21"], **{"gpua-1": replace(
         nodes["21"]["gpua-1"], hosted_head=HostedHead(HostedHeadState.STANDBY, NOW - 3, address="10.0.0.5:6380"))})
     nodes["22"] = {"gpub-1": replace(nodes["22"]["gpub-1"], hosted_head=HostedHead(HostedHeadState.FAILED, NOW - 3,
-                                                                                     reason="it stopped"))}
+                                                                                     reason="it stopped", failures=3))}
     status = _status(nodes=nodes)
     rows = {r["job_id"]: r for r in status["jobs"]}
     assert [n["hosted_head"] for n in rows["21"]["nodes"]] == ["STANDBY", None]
-    assert rows["22"]["nodes"][0]["hosted_head"] == "FAILED"
-    text = _text(status)
-    assert "standby head" in text and "hosted head FAILED" in text
+    failed = rows["22"]["nodes"][0]
+    # Three failures in a row: the keeper waits 120 s after the last one before it tries a standby there.
+    assert (failed["hosted_head"], failed["hosted_head_failures"], failed["hosted_head_reason"],
+            failed["hosted_head_retry_at"]) == ("FAILED", 3, "it stopped", NOW - 3 + 120)
+    assert "hosted_head_failures" not in rows["21"]["nodes"][0]
+    flat = " ".join(_text(status).split())    # the notes cell wraps
+    assert "standby head" in flat
+    assert "hosted head FAILED 3x in a row (it stopped); a standby's next try in 1m57s" in flat, flat
     assert "standby head" not in _text(_status())

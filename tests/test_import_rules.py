@@ -141,7 +141,7 @@ PURE_MODULES: tuple[str, ...] = (
     "agent/head/hosted.py", "agent/head/head_watch.py",
     "agent/slurm/slurmd_rules.py", "agent/slurm/walltime.py",
     "agent/node/health_check.py", "agent/node/ray_args.py",
-    "coordinator/head/election.py", "coordinator/allocations/ownership.py",
+    "coordinator/head/election.py", "coordinator/head/standby_retry.py", "coordinator/allocations/ownership.py",
     "protocol/disk/recovery.py", "protocol/disk/paths.py", "protocol/disk/events.py", "protocol/wire/head_status.py",
     "config/allocation.py", "config/queue.py", "config/slurm_values.py",
     "scheduler/states.py", "scheduler/slurm_parse.py",

@@ -69,10 +69,14 @@ def jobs(*infos):
     return {i.job_id: i for i in infos}
 
 
-def first(job, hosted=None, state="JOINED", **kw):
-    """The published state of ``job``'s first node (its hosted head in ``hosted``)."""
+def first(job, hosted=None, state="JOINED", failed_ago=10.0, failures=None, **kw):
+    """The published state of ``job``'s first node (its hosted head in ``hosted``, which began
+    ``failed_ago`` seconds ago; ``failures``: a FAILED one's count in a row)."""
     return node_state(job, f"n{job}-0", state, node_index=0,
-                      hosted_head=None if hosted is None else HostedHead(hosted, NOW - 10, address="10.0.0.9:6380"),
+                      hosted_head=None if hosted is None else HostedHead(
+                          hosted, NOW - failed_ago, address=None if hosted is FAILED else "10.0.0.9:6380",
+                          reason="the head did not start; see the Ray log" if hosted is FAILED else None,
+                          failures=failures),
                       control=f"tcp://10.0.0.{len(job)}:40{job}", **kw)
 
 
@@ -107,8 +111,22 @@ CASES = [
                  StandbyPlan("10"), id="one-worker-already-standing"),
     pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", STARTING)), ON,
                  StandbyPlan("10", soon=True), id="one-worker-standby-starting"),
+    # --- a standby that failed: tried again after 30 s x 2^(failures-1), at most 900 s
     pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", FAILED)), ON,
-                 StandbyPlan("10", place_on="10"), id="standby-failed-placed-again-not-sooner"),
+                 StandbyPlan("10", retry_at=NOW + 20), id="failed-by-an-older-agent-waits-30s"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", FAILED, failures=1, failed_ago=29.0)), ON,
+                 StandbyPlan("10", retry_at=NOW + 1), id="failed-once-waits-30s"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", FAILED, failures=1, failed_ago=30.0)), ON,
+                 StandbyPlan("10", place_on="10"), id="failed-once-placed-again-after-30s"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", FAILED, failures=3, failed_ago=100.0)), ON,
+                 StandbyPlan("10", retry_at=NOW + 20), id="failed-3x-waits-120s"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", FAILED, failures=3, failed_ago=120.0)), ON,
+                 StandbyPlan("10", place_on="10"), id="failed-3x-placed-again-after-120s"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", FAILED, failures=40, failed_ago=899.0)), ON,
+                 StandbyPlan("10", retry_at=NOW + 1), id="failed-40x-waits-the-cap-900s"),
+    pytest.param(rec(W("10"), W("11")), jobs(J("1"), J("10", left=7200), J("11", left=600)),
+                 nodes(first("10", FAILED, failures=2, failed_ago=5.0), first("11", STANDBY)), ON,
+                 StandbyPlan("10", drop_on=("11",), retry_at=NOW + 55), id="waiting-target-still-drops-others"),
     pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", state="STARTING")), ON,
                  StandbyPlan("10", soon=True), id="first-node-not-joined-yet"),
     pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", state="WAITING_FOR_HEAD")), ON,
@@ -309,3 +327,22 @@ def test_agents_may_run_in_a_removed_allocation_while_its_job_is_active(state, l
     record = rec(W("10", state="removed"), W("11"), W("12", state="draining"))
     answer = jobs(J("11"), J("12"), *([J("10", state)] if state is not None else []))
     assert standby.agents_may_run(record, answer) == (["10", "11", "12"] if listed else ["11", "12"])
+
+
+def test_retry_delays_grow_to_the_cap_and_a_start_that_came_up_resets_them():
+    from elastic_ray.coordinator.head.standby_retry import FIRST, MAX, next_try_at, retry_delay
+    assert [retry_delay(n) for n in range(0, 8)] == [0.0, 30.0, 60.0, 120.0, 240.0, 480.0, 900.0, 900.0]
+    assert (FIRST, MAX) == (30.0, 900.0) and retry_delay(10_000) == MAX
+    assert next_try_at(None) is None and next_try_at(HostedHead(STANDBY, NOW, address="a:1")) is None
+    assert next_try_at(HostedHead(FAILED, NOW, failures=0)) == NOW + 30.0   # counted as one
+
+
+def test_the_keeper_looks_again_when_a_failed_standby_s_wait_is_over():
+    s = FakeSession(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", FAILED, failures=2, failed_ago=50.0)))
+    k = StandbyKeeper(s, interval=30.0)
+    got = k.apply(NOW)
+    assert got == StandbyPlan("10", retry_at=NOW + 10) and s.sent == []
+    assert "failed 2x in a row" in got.why and "next try in 10s" in got.why
+    assert k.next_at == NOW + 10     # sooner than the 30 s check
+    s.published = nodes(first("10", FAILED, failures=2, failed_ago=60.0))
+    assert k.apply(NOW + 10) == StandbyPlan("10", place_on="10") and [kind for _, kind, _ in s.sent] == ["standby_head"]

@@ -17,6 +17,7 @@ from typing import Any
 from .. import defaults
 from ..coordinator.allocations.failures import failures_of
 from ..coordinator.head.headwatch import HeadObservation
+from ..coordinator.head.standby_retry import next_try_at
 from ..protocol.disk.records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, WorkerRecord
 from ..scheduler.base import JobInfo, JobState
 from .dashboard_model import locate_dashboard, status_line
@@ -103,6 +104,10 @@ def _node_rows(info: JobInfo | None, states: Mapping[str, NodeState], now: float
             # The head-only control plane this node hosts: READY (the run's head),
             # STANDBY (RayLauncher.standby_head), STARTING, FAILED; None: none.
             "hosted_head": None if state is None or state.hosted_head is None else state.hosted_head.state.value,
+            # A FAILED one: failed starts in a row, why, and when the keeper tries a standby there again.
+            **({} if state is None or (failed := next_try_at(state.hosted_head)) is None or state.hosted_head is None
+               else {"hosted_head_failures": state.hosted_head.failures or 1,
+                     "hosted_head_reason": state.hosted_head.reason, "hosted_head_retry_at": failed}),
         })
     return rows
 

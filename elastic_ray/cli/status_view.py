@@ -65,12 +65,21 @@ def _agent_text(node: Mapping[str, Any]) -> str:
     return state
 
 
-def _hosted_text(nodes: list[Mapping[str, Any]]) -> str:
+def _hosted_text(nodes: list[Mapping[str, Any]], now: float) -> str:
     """A note for a warm standby head (or a hosted head that failed) on one of the job's nodes."""
     states = {n.get("hosted_head") for n in nodes}
     if "STANDBY" in states:
         return "standby head"
-    return "hosted head FAILED" if "FAILED" in states else ""
+    failed = next((n for n in nodes if n.get("hosted_head") == "FAILED"), None)
+    if failed is None:
+        return ""
+    retry_at = failed.get("hosted_head_retry_at")
+    if retry_at is None:
+        return "hosted head FAILED"
+    count = failed.get("hosted_head_failures") or 1
+    when = f"in {format_duration(retry_at - now)}" if retry_at > now else "due"
+    why = failed.get("hosted_head_reason")
+    return f"hosted head FAILED {count}x in a row{f' ({why})' if why else ''}; a standby's next try {when}"
 
 
 def _failure_text(failure: Mapping[str, Any] | None) -> str:
@@ -173,7 +182,7 @@ def render_status(status: Mapping[str, Any]) -> Group:
         drain = _drain_text(row["drain"], row["state"], now)
         # "submitted" next to a failure or a replacement says nothing.
         notes = "; ".join(t for t in (drain if not (failure and drain == "submitted") else "", failure,
-                                      _hosted_text(nodes),
+                                      _hosted_text(nodes, now),
                                       f"reason: {reason}" if len(reason) > SHORT_REASON else "") if t)
         table.add_row(
             row["role"], row["job_id"], row["partition"] or "-", state,

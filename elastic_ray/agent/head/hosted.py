@@ -9,6 +9,10 @@ apart from the node's worker state machine::
                              +--no GCS in time (or `ray start` ended), node killed--> FAILED
     FAILED --host_head--> STARTING (another try)
 
+``failures`` counts the starts (and standbys) that failed since one last came
+up: the coordinator waits longer before each new standby (``failures`` and
+the FAILED state's ``at`` are in the status it reads).
+
 A warm standby (``RayLauncher.standby_head``) is the same control plane
 started ahead of an election, on the allocation the next election would
 pick, without the endpoint that would make it the run's head::
@@ -94,6 +98,7 @@ class Hosting:
     address: str | None = None                # STANDBY, READY: the GCS address
     pid: int | None = None                    # STANDBY, READY: its `ray start` (the node's PID)
     reason: str | None = None                 # FAILED: why
+    failures: int = 0                         # starts (or standbys) failed since one last came up
     handover: Handover | None = None
 
     @property
@@ -108,7 +113,7 @@ class Hosting:
             up = {"state": self.state.value, "address": self.address, "at": self.at}
             return up if self.pid is None else {**up, "pid": self.pid}
         if self.state is HostedState.FAILED:
-            return {"state": self.state.value, "reason": self.reason, "at": self.at}
+            return {"state": self.state.value, "reason": self.reason, "at": self.at, "failures": self.failures}
         return {"state": self.state.value, "at": self.at}
 
 
@@ -246,8 +251,9 @@ def step(h: Hosting, event: HostedEvent) -> tuple[Hosting, list[HostedAction]]:
         if not event.up or h.goal is Goal.NONE:
             return h, [KillHostedHead()]
         if h.goal is Goal.HEAD:
-            return replace(h, pid=event.pid), [WriteEndpoint()]
-        return (replace(h, state=HostedState.STANDBY, at=event.now, address=event.address, pid=event.pid),
+            return replace(h, pid=event.pid, failures=0), [WriteEndpoint()]
+        return (replace(h, state=HostedState.STANDBY, at=event.now, address=event.address, pid=event.pid,
+                        failures=0),
                 [Log("standby_head_ready", (("address", event.address),)), StatusSoon()])
     if isinstance(event, EndpointWritten) and h.goal is Goal.HEAD and s in (HostedState.STARTING, HostedState.STANDBY):
         return (replace(h, state=HostedState.READY, at=event.now, address=event.address),
@@ -322,7 +328,8 @@ def _request(h: Hosting, event: HostRequested | StandbyRequested | DropRequested
 
 
 def _failed(h: Hosting, now: float, reason: str) -> Hosting:
-    return replace(h, state=HostedState.FAILED, at=now, address=None, pid=None, reason=reason)
+    return replace(h, state=HostedState.FAILED, at=now, address=None, pid=None, reason=reason,
+                   failures=h.failures + 1)
 
 
 # ------------------------------------------------------------------ questions

@@ -38,6 +38,7 @@ from ...protocol.disk.session_dir import SessionDir
 from ...protocol.disk.records import AgentState, AllocationRecord, HostedHeadState, NodeState, WorkerIntent
 from ...scheduler.base import JobInfo
 from . import election
+from .standby_retry import next_try_at
 from .failover import ask_agent, first_node
 from ..allocations.pacing import watch_max_age
 
@@ -62,6 +63,7 @@ class StandbyPlan:
     place_on: str | None = None
     drop_on: tuple[str, ...] = ()
     soon: bool = False
+    retry_at: float | None = None     # a failed standby is tried again then (:mod:`.standby_retry`)
     why: str = field(default="", compare=False)
 
 
@@ -127,10 +129,16 @@ def standby_plan(record: AllocationRecord, jobs: Mapping[str, JobInfo],
         return StandbyPlan(target, drop_on=drop_on, soon=True,
                            why=f"next head {target}: its first node is {first.state.value}, not JOINED yet")
     if hosted is HostedHeadState.FAILED:
-        # Placed again, but not looked at sooner: a standby that keeps failing
-        # costs one start per supervisor check, not one every few seconds.
+        # Placed again once its wait is over, a longer one after each failure in a row.
+        assert first.hosted_head is not None
+        retry_at = next_try_at(first.hosted_head)
+        failures = first.hosted_head.failures or 1
+        if retry_at is not None and now < retry_at:
+            return StandbyPlan(target, drop_on=drop_on, retry_at=retry_at,
+                               why=f"next head {target}: its standby failed {failures}x in a row "
+                                   f"({first.hosted_head.reason or 'no reason given'}); next try in {retry_at - now:.0f}s")
         return StandbyPlan(target, place_on=target, drop_on=drop_on,
-                           why=f"next head {target}: its standby failed; starting another")
+                           why=f"next head {target}: its standby failed {failures}x in a row; starting another")
     return StandbyPlan(target, place_on=target, drop_on=drop_on, soon=True,
                        why=f"next head {target}: starting its standby")
 
@@ -183,6 +191,8 @@ class StandbyKeeper:
         if plan.place_on is not None:
             self._send(nodes[plan.place_on], plan.place_on, "standby_head")
         self.next_at = now + (RECHECK_SOON if plan.soon else self.interval)
+        if plan.retry_at is not None:
+            self.next_at = min(self.next_at, max(plan.retry_at, now + 1.0))
         return plan
 
     def _send(self, states: Mapping[str, NodeState], job: str, kind: str) -> None:

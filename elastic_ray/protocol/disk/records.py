@@ -634,6 +634,7 @@ class HostedHead:
     address: str | None = None
     reason: str | None = None
     pid: int | None = None        # STANDBY, READY: the PID of its `ray start`
+    failures: int | None = None   # FAILED: failed starts since one last came up (None: an older agent)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"state": self.state.value}
@@ -644,6 +645,8 @@ class HostedHead:
         data["at"] = self.at
         if self.pid is not None:
             data["pid"] = self.pid
+        if self.failures is not None:
+            data["failures"] = self.failures
         return data
 
     @classmethod
@@ -654,6 +657,7 @@ class HostedHead:
             address=_get(data, "address", str, optional=True),
             reason=_get(data, "reason", str, optional=True),
             pid=_get(data, "pid", int, optional=True),
+            failures=_get(data, "failures", int, optional=True),
         )
 
 
