@@ -248,6 +248,21 @@ def test_head_starts_publishes_and_fails_when_ray_stops():
     assert ctx.state is State.FAILED and actions == [StopRay(False), Exit(1)]
 
 
+def test_a_head_whose_first_start_ended_before_ready_starts_once_more_then_fails():
+    ctx, _ = initial(H, 0, "7")
+    ctx, actions = step(ctx, RayEnded(40, "ray start exited with 1"))
+    assert (ctx.state, ctx.restarts, ctx.since) == (State.STARTING, 1, 40)
+    assert actions == [StopRay(False), StartRay(None)] and "starting it once more" in ctx.reason
+    ctx, actions = step(ctx, Tick(60))          # its start timeout counts from the second start
+    assert ctx.state is State.STARTING and actions == []
+    ctx, actions = step(ctx, RayEnded(80, "ray start exited with 1"))
+    assert ctx.state is State.FAILED and actions == [StopRay(False), Exit(1)]
+    ctx, _ = initial(H, 0, "7")                  # the second start succeeds: the head serves as usual
+    ctx, _ = step(ctx, RayEnded(40, "ray start exited with 1"))
+    ctx, actions = step(ctx, RayJoined(45, "h"))
+    assert ctx.state is State.JOINED and actions == [PublishHead()]
+
+
 def test_head_that_never_gets_ready_fails():
     ctx, _ = initial(H, 0, "7")
     ctx, actions = step(ctx, Tick(31))

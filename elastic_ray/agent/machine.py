@@ -17,7 +17,8 @@ Worker role::
                                                                 (after MAX_RESTARTS more ends: GAVE_UP until another head)
 
 Head role: STARTING --ready--> JOINED --drain--> DRAINING --head moved or deadline--> LEFT
-(a drain while still STARTING leaves at once: nobody follows an unpublished head);
+(a drain while still STARTING leaves at once: nobody follows an unpublished head; a first
+`ray start --head` that ends before the head is ready is started once more);
 Ray ending under a head is FAILED (a new head means a new GCS; the
 coordinator elects one, the agent does not restart it).
 """
@@ -211,6 +212,13 @@ def _step_head(ctx: Context, event: Event) -> tuple[Context, list[Action]]:
     if isinstance(event, RayEnded):
         if s is State.DRAINING:
             return ctx.to(State.LEFT, event.now, f"drained: {event.detail}"), [StopRay(True), Exit(0)]
+        if s is State.STARTING and ctx.restarts == 0:
+            # Its first `ray start --head` ended before the head was ready: nothing was published, nobody
+            # follows it, so one more start costs nobody anything. On a loaded node Ray's own wait for
+            # its new GCS (30 s) can run out (seen on 2 busy cores: exit 1, "Timed out while waiting
+            # for GCS to become available"). A second end is FAILED, as before.
+            return (ctx.to(State.STARTING, event.now, f"head Ray start ended ({event.detail}); starting it once more",
+                           restarts=1), [StopRay(False), StartRay(None)])
         return ctx.to(State.FAILED, event.now, f"head Ray stopped: {event.detail}"), [StopRay(False), Exit(1)]
     if isinstance(event, Tick) and s is State.STARTING and event.now - ctx.since > ctx.settings.start_timeout:
         return ctx.to(State.FAILED, event.now, "head did not become ready in time"), [StopRay(False), Exit(1)]
