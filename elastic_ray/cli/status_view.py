@@ -40,11 +40,13 @@ _STATE_STYLE = {"RUNNING": "green", "PENDING": "yellow", "COMPLETING": "yellow",
 
 
 def _drain_text(drain: Mapping[str, Any] | None, job_state: str, now: float) -> str:
-    if drain is None:
+    # "submitted" is the session's intent for every allocation it has not asked
+    # to drain: next to Slurm's own state it would only repeat the obvious.
+    if drain is None or drain["state"] == "submitted":
         return ""
     deadline = drain.get("deadline")
     # Once the job has ended its drain deadline no longer means anything.
-    if drain["state"] == "submitted" or deadline is None or job_state not in ACTIVE_STATES:
+    if deadline is None or job_state not in ACTIVE_STATES:
         return drain["state"]
     if deadline >= now:
         return f"{drain['state']}, deadline in {format_duration(deadline - now)}"
@@ -180,8 +182,7 @@ def render_status(status: Mapping[str, Any]) -> Group:
             state.append(f" ({reason})", style="dim")
         failure = _failure_text(row.get("failure"))
         drain = _drain_text(row["drain"], row["state"], now)
-        # "submitted" next to a failure or a replacement says nothing.
-        notes = "; ".join(t for t in (drain if not (failure and drain == "submitted") else "", failure,
+        notes = "; ".join(t for t in (drain, failure,
                                       _hosted_text(nodes, now),
                                       f"reason: {reason}" if len(reason) > SHORT_REASON else "") if t)
         table.add_row(
