@@ -43,7 +43,7 @@ from elastic_ray.dagster import SlurmRunAllocationConfig as DagsterRunAllocation
 from elastic_ray.protocol.disk.records import AgentState
 from elastic_ray.remote import RemoteSession
 from elastic_ray.coordinator.detached import running_pid
-from integration.slurm_helpers import end_session
+from integration.slurm_helpers import end_session, squeue_ids
 from tests.helpers import committed_units, wait_until
 from tests.remote_helpers import REMOTE_PYTHON, process_alive as alive, target_of
 
@@ -133,7 +133,13 @@ def test_seed_failover_loop_driven_from_outside(remote_root, lab_sshd):
     assert sorted(committed_units(commits)) == list(range(total)), "every unit committed exactly once"
     print(f"\nSSH: head {first_head} cancelled at {cancelled['at_commits']}/{total} commits; "
           f"replace_head over SSH returned {cancelled['replaced_after']:.1f}s after the cancel")
-    assert first_head not in s.teardown(), "the cancelled head is not cancelled again"
+    news: list[str] = []
+    assert first_head not in s.teardown(wait=True, timeout=120, progress=news.append), \
+        "the cancelled head is not cancelled again"
+    # teardown(wait=True) returns once Slurm has let go: squeue, asked right after, lists none
+    # of the session's jobs (not even COMPLETING), and the wait's news came back over SSH.
+    assert squeue_ids(s.job_name) == [], squeue_ids(s.job_name)
+    print(f"SSH teardown(wait=True) news: {news}")
     s.close()
 
 

@@ -20,7 +20,8 @@ import pytest
 
 from elastic_ray.agent.node import health_check
 from elastic_ray.agent.head import node_gone
-from elastic_ray.coordinator.allocations.lost_nodes import LostNodeReporter, jobs_to_check, nodes_to_report
+from elastic_ray.coordinator.allocations.lost_nodes import (LostNodeReporter, head_takes_reports, jobs_to_check,
+                                                         nodes_to_report)
 from elastic_ray.protocol.wire.channel import ControlClient, ControlServer, ControlTimeout, Deferred
 from elastic_ray.protocol.wire.frames import (
     MAX_MARK_DEAD_IDS,
@@ -124,6 +125,16 @@ def test_the_allocation_hosting_the_current_head_is_not_checked():
     assert jobs_to_check(rec, jobs, head_job="10") == ["11"]
 
 
+@pytest.mark.parametrize("head_state, takes", [(JobState.RUNNING, True), (None, True),
+                                               (JobState.CANCELLED, False), (JobState.COMPLETING, False),
+                                               (JobState.PENDING, False), (JobState.FAILED, False),
+                                               (JobState.ENDED_UNKNOWN, False)])
+def test_a_head_whose_job_is_not_running_takes_no_report(head_state, takes):
+    listed = _jobs(j11=JobState.FAILED, **({"j1": head_state} if head_state else {}))
+    assert head_takes_reports(listed, "1") is takes
+    assert head_takes_reports(listed, None) is False
+
+
 def test_nodes_to_report_are_the_current_heads_node_ids_not_yet_sent():
     states = {
         "n1": node_state("11", "n1", node_id=A, head_job="1"),
@@ -219,6 +230,17 @@ def test_nothing_is_sent_while_the_head_is_not_published(session_dir):
     listed = _jobs(j11=JobState.FAILED)
     assert reporter.check(listed) == [] and head.requests == []
     assert "11" not in reporter.settled       # tried again once the head is published
+
+
+def test_nothing_is_sent_to_a_head_whose_job_the_same_answer_shows_ended(session_dir):
+    # The demo's case: a removed allocation's nodes seen after the head was cancelled;
+    # a request would have waited out its 20 s timeout, then logged a warning.
+    head = FakeHeadAgent()
+    reporter = LostNodeReporter(session_dir, head)
+    assert reporter.check(_jobs(j1=JobState.CANCELLED, j11=JobState.CANCELLED)) == []
+    assert head.requests == [] and "11" not in reporter.settled
+    assert reporter.check(_jobs(j1=JobState.RUNNING, j11=JobState.CANCELLED))   # a running head gets it
+    assert len(head.requests) == 1
 
 
 def test_a_failed_report_is_retried_then_given_up(session_dir):

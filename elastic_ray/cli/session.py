@@ -26,8 +26,7 @@ from ..history.read import run_usage
 from .. import defaults
 from ..coordinator.allocations.pacing import STATUS_MAX_AGE, watch_max_age
 from ..coordinator.session import Session
-from ..errors import ElasticRayError, TeardownIncomplete
-from ..polling import wait_for
+from ..errors import ElasticRayError, SchedulerError, TeardownIncomplete
 from ..protocol.disk.records import is_job_id
 from ..protocol.disk.recovery import describe
 from ..protocol.disk.session_dir import SessionDir
@@ -44,7 +43,6 @@ __all__ = ["session_group", "collect_status", "open_session", "one_line", "Progr
 # Extra listening for the head's heartbeat. The first observation already
 # waits up to the heartbeat's loss window for a beat, so this stays small.
 HEARTBEAT_WAIT = 0.5
-STATE_POLL = 0.5
 
 # =============================================================== effects: session access
 
@@ -363,19 +361,13 @@ def teardown_cmd(ctx: click.Context, directory: Path | None, timeout: float, as_
             cancelled = sorted(session.teardown(extra), key=job_sort_key)
         except TeardownIncomplete as exc:
             incomplete, cancelled = exc, sorted(exc.cancelled, key=job_sort_key)
-        watched = sorted(set(extra) | set(cancelled), key=job_sort_key)
-
-        def look() -> tuple[dict[str, Any], list[str]]:
-            # The cancelled ids themselves, in one query (not through the record, which may be damaged).
-            jobs = {job: info for job, info in session.jobs.listing(watched).items() if job in watched}
-            return jobs, sorted((j for j, i in jobs.items() if i.state.is_active), key=job_sort_key)
-
+        # The same wait as Session.teardown(wait=True), on the cancelled ids themselves
+        # (not through the record, which may be damaged).
         with Progress(err_console(), f"cancelling {len(cancelled)} job(s)") as progress:
-            jobs, _ = wait_for(  # type: ignore[misc]
-                look, timeout=timeout, interval=STATE_POLL, done=lambda seen: not seen[1],
-                progress=lambda seen: progress(f"waiting for {len(seen[1])} job(s) to end: {', '.join(seen[1])}"),
-                error=lambda seen: click.ClickException(
-                    f"{len(seen[1])} job(s) still active {timeout:.0f}s after the cancel: {', '.join(seen[1])}"))
+            try:
+                jobs = session.jobs.wait_ended(set(extra) | set(cancelled), timeout=timeout, progress=progress)
+            except SchedulerError as exc:
+                raise click.ClickException(str(exc)) from None
     finally:
         session.close()
     if incomplete is not None:

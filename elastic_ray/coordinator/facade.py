@@ -63,8 +63,10 @@ class RunControl(Protocol):
         the allocations stay); returns at once, a supervising process of the run acts on it."""
         ...
 
-    def teardown(self, extra: Sequence[str] | None = None) -> tuple[str, ...]:
-        """Cancel every job of the run; the ids cancelled."""
+    def teardown(self, extra: Sequence[str] | None = None, *, wait: bool = False,
+                 timeout: float = defaults.TEARDOWN_TIMEOUT, progress: Progress | None = None) -> tuple[str, ...]:
+        """Cancel every job of the run; the ids cancelled. With ``wait``, return once
+        Slurm has let go of all of them (none PENDING, RUNNING or COMPLETING)."""
         ...
 
     def close(self) -> None:

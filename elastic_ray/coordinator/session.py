@@ -505,15 +505,16 @@ class Session:
         return PayloadRun(self, current, argv, env=env, stdout=stdout, stderr=stderr)
 
     # ------------------------------------------------------------ teardown
-    def teardown(self, extra: list[str] | None = None) -> tuple[str, ...]:
+    def teardown(self, extra: list[str] | None = None, *, wait: bool = False, timeout: float = defaults.TEARDOWN_TIMEOUT,
+                 progress: Callable[[str], None] | None = None) -> tuple[str, ...]:
         """Cancel every active job of the session; returns their ids.
 
         By the ids the session recorded (and jobs marked by its submissions),
-        for its user only, never by job name: another session that carries
-        the same name by mistake keeps running. It never stops halfway: a
-        damaged record, a scheduler that does not answer or a failed cancel
-        is collected and raised once, as TeardownIncomplete, after every
-        job it could learn of was tried (see ``SessionJobs.teardown``).
+        for its user only, never by job name. It never stops halfway: every
+        problem is raised once at the end, as TeardownIncomplete, after every
+        job it could learn of was tried (``SessionJobs.teardown``). With
+        ``wait``, it returns once Slurm has let go of every one of them (none
+        PENDING, RUNNING or COMPLETING), within ``timeout`` seconds.
         """
         self.close()
-        return self.jobs.teardown(extra or ())
+        return self.jobs.teardown(extra or (), wait=wait, timeout=timeout, progress=progress)

@@ -145,9 +145,12 @@ class RunSession:
         return self.session.head_is_lost()
 
     # -- end
-    def teardown(self, extra: Sequence[str] | None = None) -> tuple[str, ...]:
-        """End the run's jobs (and ``extra`` ids of it); returns the ids cancelled."""
-        return self.session.teardown(list(extra) if extra is not None else None)
+    def teardown(self, extra: Sequence[str] | None = None, *, wait: bool = False,
+                 timeout: float = defaults.TEARDOWN_TIMEOUT, progress: Progress | None = None) -> tuple[str, ...]:
+        """End the run's jobs (and ``extra`` ids of it); returns the ids cancelled
+        (with ``wait``, once Slurm has let go of them: ``Session.teardown``)."""
+        return self.session.teardown(list(extra) if extra is not None else None, wait=wait, timeout=timeout,
+                                     progress=progress)
 
     def close(self) -> None:
         self.session.close()

@@ -423,12 +423,15 @@ class RemoteSession:
         return self._call("put_file", target=self._remote_path(remote_path),
                           data=base64.b64encode(data).decode(), mode=mode)
 
-    def teardown(self, extra: Sequence[str] | None = None) -> tuple[str, ...]:
+    def teardown(self, extra: Sequence[str] | None = None, *, wait: bool = False,
+                 timeout: float = defaults.TEARDOWN_TIMEOUT,
+                 progress: Callable[[str], None] | None = None) -> tuple[str, ...]:
         """Stop the cluster-side supervisor and cancel every job of the session;
-        returns their ids. Closes the SSH connection after (as ``Session.teardown``
+        returns their ids (with ``wait``, once Slurm has let go of them all, as
+        ``Session.teardown``). Closes the SSH connection after (as ``Session.teardown``
         ends its supervision); a later call opens it again."""
         try:
-            return tuple(self._call("teardown", extra=list(extra or ())))
+            return tuple(self._call("teardown", progress, extra=list(extra or ()), wait=wait, timeout=timeout))
         finally:
             self.close()
 

@@ -213,7 +213,9 @@ def op_usage(args: Mapping[str, Any], reply: Reply) -> Any:
 
 def op_teardown(args: Mapping[str, Any], reply: Reply) -> Any:
     # The teardown stops the detached supervisor first (SessionJobs.teardown).
-    return list(_session(args).teardown(list(args.get("extra") or [])))
+    return list(_session(args).teardown(list(args.get("extra") or []), wait=args.get("wait", False),
+                                        timeout=args.get("timeout", defaults.TEARDOWN_TIMEOUT),
+                                        progress=reply.progress))
 
 
 def op_put_file(args: Mapping[str, Any], reply: Reply) -> Any:

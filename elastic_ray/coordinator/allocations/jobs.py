@@ -23,7 +23,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ... import defaults
 from ...errors import ConfigError, SchedulerError, SessionDirError, TeardownIncomplete
+from ...polling import wait_for
 from ...protocol.disk.records import AllocationRecord, SessionInfo, SubmissionIntent, WorkerIntent
 from ...protocol.disk import allocation_repair, event_log
 from ...protocol.disk.events import EventKind, EventSource
@@ -246,8 +248,14 @@ class SessionJobs:
         return adopt
 
     # ------------------------------------------------------------ teardown
-    def teardown(self, extra: Iterable[str] = ()) -> tuple[str, ...]:
+    def teardown(self, extra: Iterable[str] = (), *, wait: bool = False,
+                 timeout: float = defaults.TEARDOWN_TIMEOUT,
+                 progress: Callable[[str], None] | None = None) -> tuple[str, ...]:
         """Cancel every active job the session recorded or marked; returns their ids.
+
+        With ``wait``, return only once none of them (nor ``extra``) is active
+        any more, COMPLETING included (:meth:`wait_ended`); jobs still active
+        after ``timeout`` seconds are one more problem of the teardown.
 
         By id and for the session's user only: a same-named job of another
         session, or of another user, is left alone. It never stops halfway:
@@ -257,6 +265,10 @@ class SessionJobs:
         collected and raised once at the end (TeardownIncomplete), after
         everything was tried.
         """
+        if not isinstance(wait, bool):
+            raise ConfigError("wait", wait, "must be True or False")
+        if wait:
+            _check_timeout(timeout)   # before anything is cancelled
         errors: list[str] = []
         rec: AllocationRecord | None = None
         # A detached supervisor (SSH mode) still watching would take the
@@ -288,6 +300,11 @@ class SessionJobs:
             targets = ownership.teardown_targets_of(ours, listed, self.info.session_id, seen=seen,
                                                     job_name=self.info.job_name)
         cancelled = self._cancel(targets, errors)
+        if wait:
+            try:
+                self.wait_ended(set(cancelled) | set(extra), timeout=timeout, progress=progress)
+            except SchedulerError as exc:   # the timeout, or a scheduler that stopped answering
+                errors.append(str(exc))
         log.info("event=teardown session=%s cancelled=%s problems=%d", self.info.job_name,
                  ",".join(cancelled) or "-", len(errors))
         event_log.emit(self.dir.path, EventKind.SESSION_ENDED, EventSource.COORDINATOR, reason="teardown",
@@ -297,6 +314,34 @@ class SessionJobs:
                 log.warning("event=teardown_problem session=%s error=%s", self.info.job_name, error)
             raise TeardownIncomplete(cancelled, tuple(errors))
         return cancelled
+
+    def wait_ended(self, jobs: Iterable[str], *, timeout: float = defaults.TEARDOWN_TIMEOUT,
+                   progress: Callable[[str], None] | None = None) -> dict[str, JobInfo]:
+        """Wait until none of ``jobs`` is active (Slurm has let go of their
+        nodes: COMPLETING counts as active); returns what the scheduler last
+        said of each. Asks the scheduler for these ids alone, not through the
+        record (which a teardown may find damaged), every 0.5 s at first and
+        at most every 5 s. SchedulerError when ``timeout`` runs out, naming
+        the jobs still active.
+        """
+        _check_timeout(timeout)
+        watched = sorted(set(jobs), key=lambda j: (len(j), j))
+        if not watched:
+            return {}
+
+        def look() -> tuple[dict[str, JobInfo], list[str]]:
+            listed = {job: info for job, info in self.listing(watched).items() if job in watched}
+            return listed, [job for job, info in listed.items() if info.state.is_active]
+
+        def report(seen: tuple[dict[str, JobInfo], list[str]]) -> None:
+            if progress is not None:
+                progress(f"waiting for {len(seen[1])} job(s) to end: {', '.join(seen[1])}")
+
+        listed, _ = wait_for(  # type: ignore[misc]
+            look, timeout=timeout, interval=0.5, backoff=1.5, max_interval=5.0, done=lambda seen: not seen[1],
+            progress=report, error=lambda seen: SchedulerError(
+                f"{len(seen[1])} job(s) still active {timeout:g}s after the cancel: {', '.join(seen[1])}"))
+        return listed
 
     def _cancel(self, targets: tuple[str, ...], errors: list[str]) -> tuple[str, ...]:
         """One scancel for all; if it fails, one per job, so one bad id
@@ -318,6 +363,11 @@ class SessionJobs:
             except SchedulerError as exc:
                 errors.append(f"cancel {job}: {exc}")
         return tuple(done)
+
+
+def _check_timeout(timeout: object) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigError("timeout", timeout, "must be a number of seconds > 0")
 
 
 __all__ = ["RecordAs", "SessionJobs"]

@@ -15,7 +15,8 @@ the request is sent on a thread of its own, which only ever looks at the
 latest answer. Repeats are harmless (another process may report the same
 node): the head's probe skips nodes its GCS no longer holds ALIVE.
 
-Decisions are pure (:func:`jobs_to_check`, :func:`nodes_to_report`);
+Decisions are pure (:func:`jobs_to_check`, :func:`head_takes_reports`,
+:func:`nodes_to_report`);
 :class:`LostNodeReporter` is the thin shell around them.
 """
 
@@ -56,6 +57,20 @@ def jobs_to_check(rec: AllocationRecord, jobs: Mapping[str, JobInfo], head_job: 
     return sorted((job for job, info in jobs.items()
                    if job in rec.workers and job != head_job and job not in settled
                    and info.state is not JobState.RUNNING), key=int)
+
+
+def head_takes_reports(listed: Mapping[str, JobInfo], head_job: str | None) -> bool:
+    """Whether the head named by ``ray_head`` can take a report now.
+
+    Not when the same scheduler answer shows its job anything but RUNNING
+    (cancelled, ending, pending again): its GCS is gone or going, the request
+    would only wait out its timeout, and the nodes joined a cluster that no
+    longer counts. A head the answer does not list is tried.
+    """
+    if not head_job:
+        return False
+    info = listed.get(head_job)
+    return info is None or info.state is JobState.RUNNING
 
 
 def nodes_to_report(job: str, states: Mapping[str, NodeState], head_job: str | None,
@@ -137,8 +152,12 @@ class LostNodeReporter:
     def check(self, listed: Mapping[str, JobInfo]) -> list[dict[str, Any]]:
         """One pass (synchronous): read, decide, send. Returns this pass's reports."""
         head = self.dir.read_ray_head()
-        rec = self.dir.read_allocation()
         done: list[dict[str, Any]] = []
+        if head and not head_takes_reports(listed, head):
+            log.info("event=lost_nodes_waiting session=%s head=%s why='head job is %s'", self.dir.path.name, head,
+                     listed[head].state.value)
+            return done
+        rec = self.dir.read_allocation()
         endpoint: str | None = None
         for job in jobs_to_check(rec, listed, head, self.settled):
             state = listed[job].state
@@ -187,4 +206,4 @@ class LostNodeReporter:
         return report
 
 
-__all__ = ["LostNodeReporter", "jobs_to_check", "nodes_to_report"]
+__all__ = ["LostNodeReporter", "head_takes_reports", "jobs_to_check", "nodes_to_report"]
