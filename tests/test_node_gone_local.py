@@ -62,10 +62,17 @@ def _lose_a_worker_and_watch_it_die(session: Session, address: str) -> None:
     assert _node(address, env, node_id).state == "ALIVE"
     state = session.node_states(worker.job_id)[node]
 
-    # The agent first (it would restart a raylet that ended), then the raylet: nothing unregisters.
+    # Nothing may unregister: the agent is stopped first (it would restart a raylet that ended),
+    # then the raylet is killed, then the agent. Killing the agent first raced on loaded cores: its
+    # exit ended the job, and the scheduler killed the raylet before the test could (CI streak run 5).
     t_kill = time.monotonic()
-    _kill_verified(state.pid, state.pid_create_time)
-    _kill_verified(state.raylet_pid)
+    agent = psutil.Process(state.pid)
+    assert abs(agent.create_time() - state.pid_create_time) < 1.0, "the PID was reused"
+    os.kill(state.pid, signal.SIGSTOP)
+    try:
+        _kill_verified(state.raylet_pid)
+    finally:
+        os.kill(state.pid, signal.SIGKILL)
 
     # The session's path: a scheduler query shows the allocation ended.
     ended = wait_until(lambda: (lambda i: i if i is not None and i.state is not JobState.RUNNING else None)(

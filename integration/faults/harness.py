@@ -111,6 +111,9 @@ class Scenario:
     agent_env: dict[str, str] = field(default_factory=dict)
     workdir_factory: Callable[[Path], Any] | None = None  # a context manager giving the session's parent dir
     units: int = TOTAL_UNITS
+    unit_seconds: float = UNIT_SECONDS
+    fault_after_units: int = FAULT_AFTER_UNITS
+    ray_env: dict[str, str] = field(default_factory=dict)  # RAY_* for every node (launcher env) and the driver
 
 
 @dataclass
@@ -352,7 +355,7 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
     parent = fs_cm.__enter__() if fs_cm else base
     try:
         session = Session.create(Path(parent) / f"{sc.name}-{uuid.uuid4().hex[:6]}", scheduler="slurm", head=sc.head,
-                                 launcher=RayLauncher(object_store_memory=100_000_000), supervise=False)
+                                 launcher=RayLauncher(object_store_memory=100_000_000, env=sc.ray_env), supervise=False)
         ctx = Ctx(session, Path(parent), session.record().head_job, [], {}, t_start=t0)
         res.session_dir = str(session.path)
         session.wait_for_head(timeout=120)
@@ -368,7 +371,8 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
         out.mkdir(parents=True)
         commits, trace = out / "commits.txt", out / "trace.txt"
         res.trace = str(trace)
-        env = {"ELASTIC_RAY_PAYLOAD_TRACE": str(trace), "ELASTIC_RAY_PAYLOAD_UNIT_SECONDS": str(UNIT_SECONDS)}
+        env = {"ELASTIC_RAY_PAYLOAD_TRACE": str(trace), "ELASTIC_RAY_PAYLOAD_UNIT_SECONDS": str(sc.unit_seconds),
+               **sc.ray_env}
         argv = [sys.executable, "-m", "elastic_ray.demo.payload", str(commits), str(sc.units)]
 
         sampler = Sampler(ctx)
@@ -377,7 +381,7 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
 
         def inject() -> None:
             try:
-                _wait(lambda: len(_parse_trace(trace)[1]) >= FAULT_AFTER_UNITS, timeout=180, step=0.2)
+                _wait(lambda: len(_parse_trace(trace)[1]) >= sc.fault_after_units, timeout=180, step=0.2)
                 sc.inject(ctx)
             except Exception:  # noqa: BLE001 - reported as the scenario's failure
                 injector_error.append(traceback.format_exc(limit=4))
