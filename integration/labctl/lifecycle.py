@@ -41,9 +41,9 @@ from .daemons import (
     wait_nodes,
 )
 from .files import link_etc_slurm, make_dirs, unlink_etc_slurm, write_files
-from .net import net_down, net_intact, net_up, rewrite_hosts
+from .net import net_down, net_intact, net_up, netns_pids, rewrite_hosts
 from .packages import ensure_packages
-from .procs import pid_alive, stop_pids
+from .procs import _run, pid_alive, stop_pids
 from .report import _since, log
 
 
@@ -84,6 +84,43 @@ def _other_lab_dirs(s: Settings) -> list[str]:
             if where != str(s.lab_dir) and where not in found:
                 found.append(where)
     return found
+
+
+def _lab_alive(s: Settings, *, namespaces: bool = True) -> bool:
+    """Any process of the lab in s.lab_dir alive: its daemons (by their pid files) or, with
+    ``namespaces``, anything in the network namespaces its state file names."""
+    pids = node_pids(s, state_nodes(load_state(s)))[0] if namespaces else set()
+    return bool(pids or ctld_pids(s) or any(accounting_pids(s)) or pid_alive(munged_pid(s)))
+
+
+def _take_over_bridge(s: Settings, *, ours: bool) -> None:
+    """The bridge exists but this lab dir has no record of it: it belongs to another checkout's lab.
+
+    A live one is left alone (taking it down would kill someone else's cluster, and a second lab
+    could not bind Slurm's fixed ports anyway). A dead one, whose every process is gone (what a
+    killed session or CI run leaves: the bridge, the namespaces and the hosts block outlive their
+    processes), is taken down by its own state file, so that this lab can start. ``ours``: this
+    lab dir has a state file too (its own namespaces, same names, may be busy: they are not the
+    other lab's sign of life).
+    """
+    owners = _other_lab_dirs(s)
+    run_netns = Path("/run/netns")
+    namespaces = sorted(p.name for p in run_netns.glob(f"{s.bridge}-*")) if run_netns.is_dir() else []
+    alive = [o for o in owners if _lab_alive(dataclasses.replace(s, lab_dir=Path(o)), namespaces=not ours)]
+    if alive or (not ours and any(netns_pids(ns) for ns in namespaces)):
+        raise LabError(f"bridge {s.bridge} is in use by another lab ({', '.join(alive or owners) or 'unknown dir'}); "
+                       f"stop it with ELASTIC_RAY_LAB_DIR=<that dir> integration/lab down, or reuse it by "
+                       f"setting ELASTIC_RAY_LAB_DIR")
+    log(f"up: bridge {s.bridge} was left by a lab none of whose processes is alive "
+        f"({', '.join(owners) or 'no dir on record'}); taking it down first")
+    for owner in owners:
+        _down(dataclasses.replace(s, lab_dir=Path(owner)), quiet=True)
+    # An owner whose state file is gone named no namespaces: the empty ones under our
+    # bridge's prefix are its too.
+    for ns in [] if ours else namespaces:
+        if Path(run_netns / ns).exists():
+            _run(["ip", "netns", "del", ns], check=False)
+    net_down(s, [])
 
 
 def _running(s: Settings) -> bool:
@@ -127,6 +164,10 @@ def up(n: int = DEFAULT_NODES) -> LabInfo:
     info = LabInfo(s.lab_dir, s.conf, layout, s.private_tmp, s.shared_dir, notes=list(s.notes))
 
     state = load_state(s)
+    if Path(f"/sys/class/net/{s.bridge}").exists() and (state is None or _other_lab_dirs(s)):
+        # Before a repair: the namespaces of another lab on the same bridge have our names.
+        _take_over_bridge(s, ours=state is not None)
+        state = load_state(s)
     if state and state.get("fingerprint") == fp and net_intact(s, layout):
         repaired = _repair(s, layout)
         info.action = "repaired" if repaired else "up"
@@ -134,14 +175,6 @@ def up(n: int = DEFAULT_NODES) -> LabInfo:
         log(f"up: {n} nodes already running; {what} ({_since(t0)})")
         return info
 
-    if state is None and Path(f"/sys/class/net/{s.bridge}").exists():
-        # The bridge belongs to a lab we have no record of (another checkout's
-        # lab dir): taking it down would kill someone else's cluster, and a
-        # second lab could not bind Slurm's fixed ports anyway.
-        owners = _other_lab_dirs(s)
-        raise LabError(f"bridge {s.bridge} is in use by another lab ({', '.join(owners) or 'unknown dir'}); "
-                       f"stop it with ELASTIC_RAY_LAB_DIR=<that dir> integration/lab down, or reuse it by "
-                       f"setting ELASTIC_RAY_LAB_DIR")
     if state is not None or Path(f"/sys/class/net/{s.bridge}").exists():
         if _running(s):
             log("up: a lab with another layout or config is running; restarting it")
