@@ -17,13 +17,15 @@ payload has finished). Figures, in seconds after the link went down:
   unit on the cut node waits for it);
 * ``work again``: the first unit started after the cut.
 
-``--modes`` alternates the Ray settings, set through the launcher's ``env``
-on every node and in the driver's environment:
+``--modes`` alternates the Ray settings:
 
-* ``off``: Ray's defaults (what a run gets today);
-* ``keepalive``: gRPC client keepalive on every Ray process (``KEEPALIVE``
-  below), so that the owner of a task finds the connection to the cut node
-  dead after a few seconds instead of TCP's own minutes.
+* ``off``: ``RayLauncher(network_keepalive_ms=None)``, Ray's own settings;
+* ``keepalive``: ``network_keepalive_ms=2000``, gRPC keepalive every 2 s on every Ray process
+  (client and server side, nodes and driver), so that the owner of a task
+  finds the connection to the cut node dead after a few seconds instead of
+  TCP's own minutes;
+* ``env``: the same variables set by hand (launcher ``env`` and the driver's
+  environment), with ``network_keepalive_ms=None``.
 
 ``--long-task S`` runs no fault: units of S seconds (2 units per wave, one
 per worker) under each mode, to show that a task longer than the keepalive
@@ -45,14 +47,12 @@ sys.path.insert(0, str(REPO))
 from integration.faults import lab_ops  # noqa: E402
 from integration.faults.harness import Ctx, Scenario, run_scenario  # noqa: E402
 
-#: What ``keepalive`` sets, on every Ray process of the run (values in ms).
-KEEPALIVE = {
-    "RAY_grpc_client_keepalive_time_ms": "2000",
-    "RAY_grpc_client_keepalive_timeout_ms": "3000",
-    "RAY_grpc_keepalive_time_ms": "2000",
-    "RAY_grpc_keepalive_timeout_ms": "3000",
-}
-MODES = {"off": {}, "keepalive": KEEPALIVE}
+#: ``RayLauncher.network_keepalive_ms`` by mode: ``keepalive`` is 2000 ms, ``off`` is Ray's own
+#: settings (the default); ``env`` sets the same variables by hand through the launcher's env and
+#: the driver's environment (how they were first measured).
+MODES = {"off": None, "keepalive": 2000, "env": None}
+ENV_MODE = {"RAY_grpc_client_keepalive_time_ms": "2000", "RAY_grpc_client_keepalive_timeout_ms": "3000",
+            "RAY_grpc_keepalive_time_ms": "2000", "RAY_grpc_keepalive_timeout_ms": "3000"}
 
 
 def _cut_for(seconds: float | None):
@@ -75,14 +75,14 @@ def _no_fault(ctx: Ctx) -> None:
 
 
 def _scenario(cut: str, mode: str, long_task: float | None) -> Scenario:
-    env = dict(MODES[mode])
+    kw = {"ray_env": dict(ENV_MODE) if mode == "env" else {}, "network_keepalive_ms": MODES[mode]}
     if long_task is not None:
         return Scenario(f"long-task-{long_task:.0f}s-{mode}", "bench", f"units of {long_task:.0f}s, {mode}",
-                        _no_fault, units=4, unit_seconds=long_task, fault_after_units=0, ray_env=env,
-                        timeout=6 * long_task + 300)
+                        _no_fault, units=4, unit_seconds=long_task, fault_after_units=0,
+                        timeout=6 * long_task + 300, **kw)
     seconds = None if cut == "never" else float(cut)
     return Scenario(f"net-cut-{cut}-{mode}", "bench", f"gpu-b's link down {cut} s, {mode}", _cut_for(seconds),
-                    ray_env=env, timeout=600.0 if seconds is None else 360.0 + seconds)
+                    timeout=600.0 if seconds is None else 360.0 + seconds, **kw)
 
 
 def _fmt(values: list[float]) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from elastic_ray.errors import ConfigError
 from elastic_ray.agent.node.ray_args import (
     AGENT_CONTROL_PORT,
     HASH_BLOCK_SIZE,
@@ -371,6 +372,25 @@ def test_environment(role, auth):
         assert env["RAY_gcs_rpc_server_reconnect_timeout_s"] == "10"
         assert 1 <= int(env["RAY_gcs_server_port_wait_time_s"]) <= 10
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+
+
+@pytest.mark.parametrize("role", ["head", "worker"])
+def test_every_node_gets_the_runs_network_keepalive_and_the_users_own_wins(role):
+    assert not any("keepalive" in key for key in _cmd(role, launcher=RayLauncher()).env)   # opt-in
+    env = _cmd(role, launcher=RayLauncher(network_keepalive_ms=2000)).env
+    assert env["RAY_grpc_client_keepalive_time_ms"] == env["RAY_grpc_keepalive_time_ms"] == "2000"
+    assert env["RAY_grpc_client_keepalive_timeout_ms"] == env["RAY_grpc_keepalive_timeout_ms"] == "3000"
+    env = _cmd(role, launcher=RayLauncher(network_keepalive_ms=1000,
+                                          env={"RAY_grpc_keepalive_time_ms": "5000"})).env
+    assert env["RAY_grpc_client_keepalive_time_ms"] == "1000" and env["RAY_grpc_keepalive_time_ms"] == "5000"
+    env = _cmd(role, launcher=RayLauncher(network_keepalive_ms=None)).env
+    assert not any("keepalive" in key for key in env)
+
+
+@pytest.mark.parametrize("value", [0, 499, 600_001, 2000.0, True, "2000"])
+def test_a_bad_network_keepalive_is_refused_by_name(value):
+    with pytest.raises(ConfigError, match="^network_keepalive_ms="):
+        RayLauncher(network_keepalive_ms=value)
 
 
 # ----------------------------------------------------------------- refusals

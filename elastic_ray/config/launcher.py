@@ -71,6 +71,16 @@ class RayLauncher:
     default: measured, it adds about 200 MiB and 1.7 % of a core to an idle
     head (bench/bench_dashboard.py, docs/operations.md).
 
+    ``network_keepalive_ms`` (default None: Ray's own settings; 2000 is the
+    measured choice): gRPC keepalive on every Ray process of the run (each
+    node's, through its agent, and each payload driver's, through
+    ``Session.run``), so that a node cut off the network fails its tasks,
+    and they are retried elsewhere, within seconds instead of after TCP's
+    own minutes. A ping every period per connection, dead after 1.5 periods
+    without an answer. Opt-in until it is measured on every Ray version we
+    support (bench/bench_net_cut.py). A ``RAY_grpc_*keepalive*`` variable in
+    ``env`` (or a driver's environment) wins over it.
+
     ``standby_head`` (default False) keeps a warm standby head: a head-only
     Ray control plane (GCS and a raylet with 0 CPUs and 0 GPUs) already
     running, unpublished, on the first node of the worker allocation the
@@ -98,6 +108,7 @@ class RayLauncher:
     network_interface: str | None = None
     node_ip_address_command: str | None = None
     standby_head: bool = False
+    network_keepalive_ms: int | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda n, v: object.__setattr__(self, n, v)  # noqa: E731 - frozen dataclass
@@ -143,6 +154,11 @@ class RayLauncher:
             raise ConfigError("object_store_memory", self.object_store_memory,
                               "must be a whole number of bytes, at least 75 MiB (Ray's minimum)")
         self._check_node_fields()
+        keepalive = self.network_keepalive_ms
+        if keepalive is not None and (isinstance(keepalive, bool) or not isinstance(keepalive, int)
+                                      or not 500 <= keepalive <= 600_000):
+            raise ConfigError("network_keepalive_ms", keepalive,
+                              "must be a whole number of milliseconds from 500 to 600000, or None (Ray's own)")
         if not isinstance(self.standby_head, bool):
             raise ConfigError("standby_head", self.standby_head, "must be True or False")
         if self.standby_head and not self.can_host_elected_head:
@@ -168,6 +184,20 @@ class RayLauncher:
                 raise ConfigError("node_ip_address_command", command,
                                   f"cannot be set together with network_interface={interface!r}; choose one")
             check_shell_command("node_ip_address_command", command)   # bash -n
+
+    def keepalive_env(self) -> dict[str, str]:
+        """The ``RAY_*`` variables of ``network_keepalive_ms`` (empty when None).
+
+        Client and server side alike, on every process: Ray's servers accept
+        pings as often as their own client keepalive period, so a period set
+        only on the clients is answered with ``too_many_pings``.
+        """
+        period = self.network_keepalive_ms
+        if period is None:
+            return {}
+        timeout = str(period * 3 // 2)
+        return {"RAY_grpc_client_keepalive_time_ms": str(period), "RAY_grpc_client_keepalive_timeout_ms": timeout,
+                "RAY_grpc_keepalive_time_ms": str(period), "RAY_grpc_keepalive_timeout_ms": timeout}
 
     @property
     def can_host_elected_head(self) -> bool:

@@ -70,6 +70,22 @@ class RunResult:
     seconds: float
 
 
+def driver_environ(inherited: Mapping[str, str], caller: Mapping[str, str], *, keepalive: Mapping[str, str],
+                   auth: Mapping[str, str], fixed: Mapping[str, str]) -> dict[str, str]:
+    """Pure: a payload driver's environment, layer by layer.
+
+    The run's keepalive (``RayLauncher.keepalive_env``) first: the caller's
+    environment and ``env`` win over it. The run's auth settings win over
+    the caller's (a driver with another mode or token would be refused by
+    the head, or a stale RAY_AUTH_TOKEN would shadow the session's token
+    file), and ``fixed`` (the head's address, the session) over everything.
+    """
+    out = {**keepalive, **inherited, **caller}
+    apply_auth_env(out, auth)
+    out.update(fixed)
+    return out
+
+
 def driver_argv(kind: str, head_job: str, argv: Sequence[str]) -> list[str]:
     """Pure: how a driver is started for each scheduler kind."""
     if kind == "slurm":
@@ -116,14 +132,10 @@ class PayloadRun:
         self.session = session
         self.head = head
         self.argv = list(argv)
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        # The run's auth settings win over the caller's: a driver with another
-        # mode or token would be refused by the head (or, worse, a stale
-        # RAY_AUTH_TOKEN would shadow the session's token file).
-        apply_auth_env(full_env, session.ray_client_env())
-        full_env.update({"RAY_ADDRESS": head.address, knobs.SESSION.name: str(session.path),
-                         knobs.HEAD_JOB.name: head.job_id, "RAY_USAGE_STATS_ENABLED": "0"})
+        full_env = driver_environ(os.environ, env or {}, keepalive=session.launcher.keepalive_env(),
+                                  auth=session.ray_client_env(), fixed={
+                                      "RAY_ADDRESS": head.address, knobs.SESSION.name: str(session.path),
+                                      knobs.HEAD_JOB.name: head.job_id, "RAY_USAGE_STATS_ENABLED": "0"})
         self.started = time.time()
         self.proc = subprocess.Popen(driver_argv(session.info.scheduler["kind"], head.job_id, self.argv),
                                      env=full_env, stdout=stdout, stderr=stderr, start_new_session=True)

@@ -114,6 +114,7 @@ class Scenario:
     unit_seconds: float = UNIT_SECONDS
     fault_after_units: int = FAULT_AFTER_UNITS
     ray_env: dict[str, str] = field(default_factory=dict)  # RAY_* for every node (launcher env) and the driver
+    network_keepalive_ms: int | None = RayLauncher.network_keepalive_ms  # the launcher's; None: Ray's own
 
 
 @dataclass
@@ -355,7 +356,8 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
     parent = fs_cm.__enter__() if fs_cm else base
     try:
         session = Session.create(Path(parent) / f"{sc.name}-{uuid.uuid4().hex[:6]}", scheduler="slurm", head=sc.head,
-                                 launcher=RayLauncher(object_store_memory=100_000_000, env=sc.ray_env), supervise=False)
+                                 launcher=RayLauncher(object_store_memory=100_000_000, env=sc.ray_env,
+                                                      network_keepalive_ms=sc.network_keepalive_ms), supervise=False)
         ctx = Ctx(session, Path(parent), session.record().head_job, [], {}, t_start=t0)
         res.session_dir = str(session.path)
         session.wait_for_head(timeout=120)

@@ -488,7 +488,7 @@ def build_ray_start(
     # Plain text in the node's log file (Ray colours it even when not a tty).
     agent.append("--log-color=false")
 
-    env = dict(launcher.env)
+    env = {**launcher.keepalive_env(), **launcher.env}   # the user's own RAY_grpc_* win
     env.update(BASE_ENV)
     # Always explicit: with RAY_AUTH_MODE unset, a head whose $HOME holds
     # ~/.ray/auth_token turns token auth on by itself, and workers do not.
