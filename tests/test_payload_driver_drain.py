@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
+from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.coordinator.drivers import PayloadRun, drained_head_handed_over
 from elastic_ray.coordinator.head.headwatch import HeadObservation
 from elastic_ray.errors import SlurmAllocationEnded, SlurmStepDrained
@@ -53,7 +54,7 @@ class FakeSession:
                  head_state: JobState = JobState.RUNNING):
         self.path = tmp_path
         self.info = SimpleNamespace(scheduler={"kind": "local"}, head={})  # no pre-walltime signal
-        self.launcher = SimpleNamespace(auth_mode="disabled")
+        self.launcher = RayLauncher(auth_mode="disabled")
         self.job_name = "er-test"
         self.termed, self.ready = tmp_path / "termed", tmp_path / "ready"
         self.draining = draining
