@@ -140,7 +140,7 @@ PURE_MODULES: tuple[str, ...] = (
     "agent/machine.py", "agent/wakeups.py", "agent/requests.py",
     "agent/head/hosted.py", "agent/head/head_watch.py",
     "agent/slurm/slurmd_rules.py", "agent/slurm/walltime.py",
-    "agent/node/health_check.py", "agent/node/ray_args.py",
+    "agent/node/health_check.py", "agent/node/ray_args.py", "agent/node/port_window.py",
     "coordinator/head/election.py", "coordinator/head/standby_retry.py", "coordinator/allocations/ownership.py",
     "protocol/disk/recovery.py", "protocol/disk/paths.py", "protocol/disk/events.py", "protocol/wire/head_status.py",
     "config/allocation.py", "config/queue.py", "config/slurm_values.py",

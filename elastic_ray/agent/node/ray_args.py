@@ -16,7 +16,8 @@ explicitly; a port missing from the result is left to Ray's own default.
     runtime-env agent) and core worker ports come from the OS (``--min-worker-port=0
     --max-worker-port=0``, as ``ray.cluster_utils`` does), so none of them can collide. The ports that cannot
     be 0, or whose default is a fixed number that collides between two nodes on one host, get
-    ``free_port()``: the head's GCS ``--port``, ``--ray-client-server-port`` (Ray rejects 0),
+    ``free_port()`` (a free port below the kernel's ephemeral range, :mod:`.port_window`):
+    the head's GCS ``--port``, ``--ray-client-server-port`` (Ray rejects 0),
     ``--dashboard-port`` and the env ``AUTOSCALER_METRIC_PORT`` / ``DASHBOARD_METRIC_PORT`` (head), and
     ``--dashboard-agent-listen-port`` on every node (default 52365 collides even between different node IPs,
     because the agent also binds 127.0.0.1). ``--metrics-export-port`` gets one too, although Ray could

@@ -25,6 +25,7 @@ This module never imports Ray: the agent's own process stays small.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import psutil
 
+from .port_window import random_port_window
 from .ray_args import RayStartCommand
 
 # psutil's create_time comes from the boot time plus clock ticks (1/100 s);
@@ -62,13 +64,39 @@ _RAYLET_LOG_HEAD = 256 * 1024
 HELPER_TERM_WAIT = 1.0
 
 
-def free_port(host: str = "") -> int:
-    """A TCP port that is free right now (bind 0, read, close).
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
-    The ``random`` strategy's ``free_port``: there is a window between this
-    call and Ray binding the port, so a start that fails on a taken port is
-    retried by the supervisor with fresh ports.
+
+def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The host's ephemeral port range; Linux's default when it cannot be read."""
+    try:
+        low, high = (int(v) for v in path.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(host: str = "", *, tries: int = 64) -> int:
+    """A TCP port that is free right now, outside the kernel's ephemeral range.
+
+    The ``random`` strategy's ``free_port``: a random port of
+    :func:`.port_window.random_port_window` that binds now (then closed), or
+    the kernel's pick (``bind(0)``) when the host has no such window or
+    ``tries`` draws all found taken ports. There is still a window between
+    this call and Ray binding the port (another node's agent drawing the
+    same one), so a start that fails on a taken port is retried by the
+    supervisor with fresh ports.
     """
+    window = random_port_window(ephemeral_range())
+    if window is not None:
+        for _ in range(tries):
+            port = random.randint(*window)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
