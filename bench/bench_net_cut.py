@@ -44,6 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from elastic_ray.config.launcher import RayLauncher  # noqa: E402
 from integration.faults import lab_ops  # noqa: E402
 from integration.faults.harness import Ctx, Scenario, run_scenario  # noqa: E402
 
@@ -51,8 +52,7 @@ from integration.faults.harness import Ctx, Scenario, run_scenario  # noqa: E402
 #: settings (the default); ``env`` sets the same variables by hand through the launcher's env and
 #: the driver's environment (how they were first measured).
 MODES = {"off": None, "keepalive": 2000, "env": None}
-ENV_MODE = {"RAY_grpc_client_keepalive_time_ms": "2000", "RAY_grpc_client_keepalive_timeout_ms": "3000",
-            "RAY_grpc_keepalive_time_ms": "2000", "RAY_grpc_keepalive_timeout_ms": "3000"}
+ENV_MODE = RayLauncher(network_keepalive_ms=2000).keepalive_env()
 
 
 def _cut_for(seconds: float | None):
