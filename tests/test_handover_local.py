@@ -94,7 +94,9 @@ def assert_handed_over(s: Session, old: str, new: str) -> None:
 def test_a_head_without_signal_is_drained_ahead_of_its_walltime(new_session, monkeypatch):
     lead = 30.0
     monkeypatch.setenv("ELASTIC_AGENT_HEAD_DRAIN_LEAD", str(int(lead)))
-    s = new_session(SlurmRunAllocationConfig(partition="cpu", time_limit="1:10", mem="1G"),
+    # 90 s of walltime, drained 30 s before its end: 60 s to start the head and
+    # the worker on a loaded machine (40 s failed once beside other work).
+    s = new_session(SlurmRunAllocationConfig(partition="cpu", time_limit="1:30", mem="1G"),
                     worker_allocation=WORKER, supervise=True, supervise_interval=2.0)
     head, worker, end = head_and_worker_up(s)
     assert time.time() < end - lead, "the test machine was too slow to start the head before its drain"
@@ -113,7 +115,8 @@ def test_a_head_without_signal_is_drained_ahead_of_its_walltime(new_session, mon
 def test_a_head_with_signal_is_not_moved_before_its_signal(new_session, monkeypatch):
     lead, warning = 50.0, 25.0
     monkeypatch.setenv("ELASTIC_AGENT_HEAD_DRAIN_LEAD", str(int(lead)))
-    s = new_session(SlurmRunAllocationConfig(partition="cpu", time_limit="1:25", mem="1G",
+    # 105 s of walltime, the lead 50 s before its end: 55 s to start the head and the worker.
+    s = new_session(SlurmRunAllocationConfig(partition="cpu", time_limit="1:45", mem="1G",
                                              signal_before_timeout=f"TERM@{int(warning)}"),
                     worker_allocation=WORKER, supervise=True, supervise_interval=2.0)
     head, worker, end = head_and_worker_up(s)
