@@ -44,3 +44,25 @@ def test_story_shows_where_our_threads_are(tmp_path):
         stop.set()
         thread.join(5)
     assert "--- thread elastic-ray-test-waiter" in text and "wait" in text
+
+
+def test_a_lab_test_s_story_takes_the_recent_session_logs_under_the_lab_s_shared_dir(tmp_path, monkeypatch):
+    import os
+    monkeypatch.setattr(postmortem, "_our_thread_stacks", lambda: "")
+    lab = tmp_path / "shared"
+    now = 1_800_000_000.0
+    fresh = lab / "agent-slurm" / "ab12" / "session" / "logs"
+    old = lab / "dagster" / "cd34" / "session" / "logs"
+    for d in (fresh, old):
+        d.mkdir(parents=True)
+    (fresh / "agent-17-gpua-1.log").write_text("event=ray_start_failed\n")
+    (fresh / "worker-17.out").write_text("srun: error: gpua-1\n")
+    (old / "agent-3-cpu-1.log").write_text("an earlier test's agent\n")
+    for path in (fresh / "agent-17-gpua-1.log", fresh / "worker-17.out"):
+        os.utime(path, (now - 10, now - 10))
+    os.utime(old / "agent-3-cpu-1.log", (now - 5000, now - 5000))
+    text = postmortem.story(None, lab, now=now)
+    assert "agent-slurm/ab12/session/logs/agent-17-gpua-1.log" in text and "ray_start_failed" in text
+    assert "worker-17.out" in text and "srun: error" in text
+    assert "an earlier test's agent" not in text
+    assert postmortem.story(None, tmp_path / "no-lab", now=now) == ""
