@@ -55,6 +55,11 @@ WORKERS = (
 AGENT_ENV = {"ELASTIC_AGENT_POLL_INTERVAL": "0.5", "ELASTIC_AGENT_BACKOFF_BASE": "1"}
 
 
+def _set(event: threading.Event) -> threading.Event:
+    event.set()
+    return event
+
+
 @dataclass
 class Ctx:
     """What a scenario's fault and checks can use."""
@@ -72,6 +77,9 @@ class Ctx:
     status_seen: list[dict] = field(default_factory=list)
     node_states_seen: set[tuple[str, str, str]] = field(default_factory=set)  # (job, node, state) after the fault
     agent_status_seen: list[str] = field(default_factory=list)
+    # Cleared by a fault that must win a race against the payload loop's own replace_head()
+    # (the killed elector): the loop waits for it before electing.
+    loop_may_elect: threading.Event = field(default_factory=lambda: _set(threading.Event()))
 
     def event(self, text: str) -> None:
         t = time.time()
@@ -333,6 +341,7 @@ def _seed_loop(ctx: Ctx, argv: list[str], env: dict[str, str], deadline: float, 
             relaunches += 1
             if relaunches > 6:
                 raise
+            ctx.loop_may_elect.wait(timeout=max(1.0, deadline - time.monotonic()))
             head = ctx.session.replace_head(timeout=max(10.0, deadline - time.monotonic()))
             ctx.event(f"replace_head() -> {head.job_id}")
 

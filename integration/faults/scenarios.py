@@ -151,32 +151,50 @@ def _head_walltime(ctx: Ctx) -> None:
 
 
 # ------------------------------------------------------------ family 4: elections
-def _elector_code(path: Path) -> str:
+def _elector_code(path: Path, wait_for_go: bool = False) -> str:
+    """A process that calls replace_head() on the session; with ``wait_for_go`` it first says
+    "ready" (Python started, the session open) and waits for a line on stdin."""
+    go = "print('ready', flush=True); sys.stdin.readline();" if wait_for_go else ""
     return ("import sys, json; from elastic_ray import Session;"
-            f"s = Session.open({str(path)!r}, supervise=False);"
+            f"s = Session.open({str(path)!r}, supervise=False);" + go +
             "h = s.replace_head(timeout=300); print(json.dumps(h.job_id))")
 
 
 def killed_elector(ctx: Ctx) -> None:
-    """scancel the head, start an elector and SIGKILL it once it holds the claim; three more race."""
-    ctx.fault_now(f"scancel head {ctx.head_job}; an elector is killed holding the claim")
-    subprocess.run(["scancel", ctx.head_job], check=True, timeout=30)
-    doomed = subprocess.Popen([sys.executable, "-c", _elector_code(ctx.session.path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+    """scancel the head, start an elector and SIGKILL it once it holds the claim; three more race.
+
+    The doomed elector is started (and its session opened) before the scancel, and the payload
+    loop's own replace_head() waits until it held the claim (``Ctx.loop_may_elect``): a Python
+    started after the scancel lost that race to the loop on a loaded machine (streak, 2026-12-07:
+    the loop elected first and the doomed one never held the claim). The loop then races the
+    three others for the election the killed one left behind."""
+    doomed = subprocess.Popen([sys.executable, "-c", _elector_code(ctx.session.path, wait_for_go=True)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     ctx.cleanup.append(lambda: doomed.poll() is None and doomed.kill())
-    end = time.monotonic() + 60
-    held = False
-    while time.monotonic() < end:
-        try:
-            claim = ctx.session.record().election
-        except Exception:  # noqa: BLE001
-            claim = None
-        if claim is not None and f":{doomed.pid}:" in claim.claimant:
-            held = True
-            break
-        time.sleep(0.02)
-    doomed.send_signal(signal.SIGKILL)
-    doomed.wait()
+    assert doomed.stdout is not None and doomed.stdin is not None
+    if doomed.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"the doomed elector did not start (exit {doomed.wait(timeout=30)})")
+    ctx.loop_may_elect.clear()
+    try:
+        ctx.fault_now(f"scancel head {ctx.head_job}; an elector is killed holding the claim")
+        subprocess.run(["scancel", ctx.head_job], check=True, timeout=30)
+        doomed.stdin.write("go\n")
+        doomed.stdin.flush()
+        end = time.monotonic() + 60
+        held = False
+        while time.monotonic() < end:
+            try:
+                claim = ctx.session.record().election
+            except Exception:  # noqa: BLE001
+                claim = None
+            if claim is not None and f":{doomed.pid}:" in claim.claimant:
+                held = True
+                break
+            time.sleep(0.02)
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait()
+    finally:
+        ctx.loop_may_elect.set()
     ctx.event(f"elector pid {doomed.pid} killed {'holding the claim' if held else 'before it took the claim'}")
     if not held:
         raise RuntimeError("the doomed elector never held the claim")
