@@ -63,13 +63,12 @@ def _our_thread_stacks() -> str:
 def story(root: Path | None, lab: Path | None = None, now: float | None = None) -> str:
     """The section's text for the logs under ``root`` and the recent ones under ``lab`` (empty when
     there are none)."""
-    parts = []
-    for base, files in ((root, _log_files(root) if root is not None and root.is_dir() else []),
-                        (lab, _log_files(lab, LAB_DEPTH, (now or time.time()) - LAB_RECENT)
-                         if lab is not None and lab.is_dir() else [])):
-        for path in files:
-            assert base is not None
-            parts.append(f"--- {path.relative_to(base)} (last {TAIL_LINES} lines)\n{tail(path)}")
+    found: list[tuple[Path, Path]] = []     # (the root it was found under, the file)
+    if root is not None and root.is_dir():
+        found += [(root, p) for p in _log_files(root)]
+    if lab is not None and lab.is_dir():
+        found += [(lab, p) for p in _log_files(lab, LAB_DEPTH, (now or time.time()) - LAB_RECENT)]
+    parts = [f"--- {path.relative_to(base)} (last {TAIL_LINES} lines)\n{tail(path)}" for base, path in found]
     stacks = _our_thread_stacks()
     if stacks:
         parts.append(stacks)

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import lab_ops
-from .harness import HEAD, Ctx, Scenario
+from .harness import HEAD, Ctx, Scenario, _wait
 
 NET_CUT_SECONDS = 20.0
 
@@ -160,6 +160,15 @@ def _elector_code(path: Path, wait_for_go: bool = False) -> str:
             "h = s.replace_head(timeout=300); print(json.dumps(h.job_id))")
 
 
+def _claimed_by(ctx: Ctx, pid: int) -> bool:
+    """The session's election claim is held by process ``pid`` (a damaged record: not yet)."""
+    try:
+        claim = ctx.session.record().election
+    except Exception:  # noqa: BLE001 - the record may be mid-write or damaged by another scenario
+        return False
+    return claim is not None and f":{pid}:" in claim.claimant
+
+
 def killed_elector(ctx: Ctx) -> None:
     """scancel the head, start an elector and SIGKILL it once it holds the claim; three more race.
 
@@ -180,17 +189,7 @@ def killed_elector(ctx: Ctx) -> None:
         subprocess.run(["scancel", ctx.head_job], check=True, timeout=30)
         doomed.stdin.write("go\n")
         doomed.stdin.flush()
-        end = time.monotonic() + 60
-        held = False
-        while time.monotonic() < end:
-            try:
-                claim = ctx.session.record().election
-            except Exception:  # noqa: BLE001
-                claim = None
-            if claim is not None and f":{doomed.pid}:" in claim.claimant:
-                held = True
-                break
-            time.sleep(0.02)
+        held = _wait(lambda: _claimed_by(ctx, doomed.pid), timeout=60, step=0.02)
         doomed.send_signal(signal.SIGKILL)
         doomed.wait()
     finally:
