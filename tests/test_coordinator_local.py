@@ -53,7 +53,12 @@ def session(new_session):
     return new_session(supervise=True)
 
 
+@pytest.mark.slow
 def test_failover_loop_commits_every_unit_exactly_once(session, tmp_path):
+    """Full tier only. The seed's loop on the local scheduler. On every change the lab runs the same
+    loop on real Slurm: the fault matrix's per-change scenarios (integration/test_faults_slurm.py:
+    elector-killed, worker-network-cut, slurmctld-restart; each checks every unit committed once)
+    and integration/test_dagster_slurm.py::test_head_cancelled_mid_asset_seed_loop."""
     session.wait_for_head(timeout=90)
     worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(
         partition="gpu-a", num_nodes=1, cpus_per_task=2, mem="2G", time_limit="30"))
@@ -134,7 +139,12 @@ print(json.dumps({"job": head.job_id, "address": head.address, "seconds": time.t
 '''
 
 
+@pytest.mark.slow
 def test_sixteen_processes_replace_head_at_once_elect_once(new_session, tmp_path):
+    """Full tier only. On every change the fault matrix's elector-killed scenario (lab) has an
+    elector killed holding the claim, then three more processes and the payload loop racing for
+    the election it left (one head, no second submission), and tests/test_election.py and
+    tests/test_handover_rules.py decide the claim by table."""
     s = new_session()
     s.wait_for_head(timeout=90)
     worker = s.add_worker_allocation(SlurmWorkerAllocationConfig(
