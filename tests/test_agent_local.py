@@ -347,7 +347,13 @@ def test_term_while_starting_leaves_at_once_and_leaves_no_ray_behind(shared, whe
 # ---------------------------------------------------------------- the hosted head
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_a_worker_hosts_a_head_and_its_own_node_follows_it(session_factory):
+    """Full tier only. On every change a worker allocation's agent hosts the head and its own node
+    follows it in: on the lab, the fault matrix's elector-killed scenario (the election picks a
+    running worker allocation, which hosts the head; the payload goes on there); locally,
+    tests/test_default_layout_local.py (the first allocation hosts the head and computes) and
+    tests/test_standby_head_local.py (a hosted standby becomes the head)."""
     session = session_factory()
     session.wait_for_head(timeout=90)
     worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(

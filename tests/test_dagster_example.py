@@ -45,7 +45,11 @@ def test_example_definitions_validate():
 @pytest.mark.ray
 @pytest.mark.timeout(300)
 @pytest.mark.dagster
+@pytest.mark.slow
 def test_readme_command_materializes_the_example(session_root):
+    """Full tier only (it checks the README's command, an install, rather than a behaviour). On
+    every change test_example_definitions_validate loads the same definitions, and
+    tests/test_dagster_assets.py materializes assets with the same resources on real Ray."""
     out = subprocess.run(readme_command(), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=280)
     logs = out.stdout + out.stderr
     assert out.returncode == 0, logs[-4000:]
