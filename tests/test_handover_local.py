@@ -71,14 +71,41 @@ def drained_at(s: Session, job: str) -> float | None:
 
 
 def head_and_worker_up(s: Session) -> tuple[str, str, float]:
-    """Wait for the head and the worker; return (head job, worker job, head end time)."""
+    """Wait for the head and the worker; return (head job, worker job, head end time).
+
+    The head is the one the session was created with: if it already moved (it
+    drained before it and the worker were up), the end time returned is still
+    that head's, so the caller's "too slow" check sees it."""
+    head = s.record().head_job
     s.wait_for_head(timeout=120)
     worker = s.worker_allocations[0]
     s.wait_for_worker_allocation(worker, timeout=120)
-    head = s.record().head_job
     end = s.job_info(head).end_time
     assert end is not None
     return head, worker.job_id, end
+
+
+def up_in_time(new_session, head: SlurmRunAllocationConfig, lead: float) -> tuple[Session, str, str, float]:
+    """A session with ``head`` whose head and worker are up while its head is still
+    the first one and the drain ``lead`` is still ahead; a second try if not.
+
+    What these tests check is the drain at the lead, not how fast a loaded
+    machine starts Ray: a head whose first start failed (seen in a streak run,
+    2026-12-07: its GCS did not answer for 52 s, the agent's retry joined 67 s
+    after submission) can run into its own drain before the test begins. That
+    try is torn down and the scenario starts again once; a second late start fails."""
+    for attempt in (1, 2):
+        s = new_session(head, worker_allocation=WORKER, supervise=True, supervise_interval=2.0)
+        first, worker, end = head_and_worker_up(s)
+        if s.head_pointer() == first and time.time() < end - lead:
+            return s, first, worker, end
+        late = f"head {first} up {time.time() - (end - lead):+.0f} s after its drain lead " \
+               f"(pointer {s.head_pointer()})"
+        if attempt == 2:
+            pytest.fail(f"the test machine was too slow to start the head before its drain, twice: {late}")
+        print(f"\nfirst try too slow ({late}); tearing it down and starting again")
+        s.teardown()
+    raise AssertionError("unreachable")
 
 
 def assert_handed_over(s: Session, old: str, new: str) -> None:
@@ -96,10 +123,8 @@ def test_a_head_without_signal_is_drained_ahead_of_its_walltime(new_session, mon
     monkeypatch.setenv("ELASTIC_AGENT_HEAD_DRAIN_LEAD", str(int(lead)))
     # 90 s of walltime, drained 30 s before its end: 60 s to start the head and
     # the worker on a loaded machine (40 s failed once beside other work).
-    s = new_session(SlurmRunAllocationConfig(partition="cpu", time_limit="1:30", mem="1G"),
-                    worker_allocation=WORKER, supervise=True, supervise_interval=2.0)
-    head, worker, end = head_and_worker_up(s)
-    assert time.time() < end - lead, "the test machine was too slow to start the head before its drain"
+    s, head, worker, end = up_in_time(new_session, SlurmRunAllocationConfig(partition="cpu", time_limit="1:30",
+                                                                          mem="1G"), lead)
     run = s.run(DRIVER)
     with pytest.raises(SlurmStepDrained):
         run.wait(timeout=end - time.time() + 30)
@@ -116,13 +141,11 @@ def test_a_head_with_signal_is_not_moved_before_its_signal(new_session, monkeypa
     lead, warning = 50.0, 25.0
     monkeypatch.setenv("ELASTIC_AGENT_HEAD_DRAIN_LEAD", str(int(lead)))
     # 105 s of walltime, the lead 50 s before its end: 55 s to start the head and the worker.
-    s = new_session(SlurmRunAllocationConfig(partition="cpu", time_limit="1:45", mem="1G",
-                                             signal_before_timeout=f"TERM@{int(warning)}"),
-                    worker_allocation=WORKER, supervise=True, supervise_interval=2.0)
-    head, worker, end = head_and_worker_up(s)
+    s, head, worker, end = up_in_time(new_session, SlurmRunAllocationConfig(
+        partition="cpu", time_limit="1:45", mem="1G", signal_before_timeout=f"TERM@{int(warning)}"), lead)
     run = s.run(DRIVER)
     # From before the lead until just before the signal: still the head, not draining.
-    assert time.time() < end - lead, "the test machine was too slow to start the head before the lead"
+    assert time.time() < end - lead, "the test machine was too slow to launch the driver before the lead"
     stays(lambda: s.head_pointer() == head and drained_at(s, head) is None,
           seconds=(end - warning - 2.0) - time.time(), interval=0.5,
           message=f"head {head} staying put until its signal",
