@@ -95,6 +95,8 @@ def slurm_lab():
         _unavailable(f"{type(e).__name__}: {e}")
 
     os.environ["SLURM_CONF"] = str(info.conf)
+    if info.bin_dir is not None:   # Slurm 24.11 (ELASTIC_RAY_LAB_SLURM): its clients first on PATH
+        os.environ["PATH"] = f"{info.bin_dir}:{os.environ.get('PATH', '')}"
     try:
         yield SlurmLab(conf=info.conf, nodes=list(info.nodes), lab_dir=info.lab_dir,
                        private_tmp=info.private_tmp, shared=info.shared_dir)
@@ -117,5 +119,8 @@ def lab_sshd(slurm_lab, tmp_path_factory):
     It runs in the host network namespace on 127.0.0.1, like the test process and slurmctld's
     clients there, so ``sbatch``/``squeue`` run over it reach the lab's controller.
     """
-    with SshServer(tmp_path_factory.mktemp("lab-sshd"), env={"SLURM_CONF": str(slurm_lab.conf)}) as server:
+    env = {"SLURM_CONF": str(slurm_lab.conf)}
+    if labctl.settings_from_env().swaps_usr:
+        env["PATH"] = os.environ["PATH"]   # the 24.11 clients' bin/ first, as in this process
+    with SshServer(tmp_path_factory.mktemp("lab-sshd"), env=env) as server:
         yield server

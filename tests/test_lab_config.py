@@ -439,3 +439,89 @@ def test_the_package_step_forbids_service_starts_and_leaves_a_policy_it_did_not_
     policy.write_text("#!/bin/sh\nexit 0\n")           # one the machine had: used as it is
     assert not packages._no_services(policy) and policy.read_text() == "#!/bin/sh\nexit 0\n"
     assert {"slurmdbd", "mariadb-server"} <= set(packages.ACCOUNTING_PACKAGES)
+
+
+# --------------------------------------------------------------------------- Slurm 24.11 (issue 25)
+
+ROOT24 = Path("/srv/trixie")
+
+
+def s24(private_tmp: bool = True) -> Settings:
+    from dataclasses import replace
+    return replace(settings(private_tmp), slurm="24.11", slurm_root=ROOT24)
+
+
+def test_the_slurm_version_is_a_knob_and_22_05_stays_the_default():
+    assert settings_from_env(dict(PREFIX)).slurm == "22.05" and not settings_from_env(dict(PREFIX)).swaps_usr
+    s = settings_from_env({**PREFIX, "ELASTIC_RAY_LAB_SLURM": "24.11", "ELASTIC_RAY_LAB_SLURM_ROOT": "/srv/r/"})
+    assert (s.slurm, s.slurm_root, s.swaps_usr) == ("24.11", Path("/srv/r"), True)
+    assert settings_from_env({**PREFIX, "ELASTIC_RAY_LAB_SLURM": "24.11"}).slurm_root == config.DEFAULT_SLURM_ROOT
+
+
+@pytest.mark.parametrize("env, named", [
+    ({"ELASTIC_RAY_LAB_SLURM": "23.02"}, "ELASTIC_RAY_LAB_SLURM"),
+    ({"ELASTIC_RAY_LAB_SLURM": "24.11", "ELASTIC_RAY_LAB_SLURM_ROOT": "relative/root"}, "ELASTIC_RAY_LAB_SLURM_ROOT"),
+    ({"ELASTIC_RAY_LAB_SLURM": "24.11", "ELASTIC_RAY_LAB_SLURM_ROOT": "/"}, "ELASTIC_RAY_LAB_SLURM_ROOT"),
+    ({"ELASTIC_RAY_LAB_SLURM": "24.11", "ELASTIC_RAY_LAB_SLURM_ROOT": "/tmp/root"}, "ELASTIC_RAY_LAB_SLURM_ROOT"),
+])
+def test_a_bad_slurm_knob_is_refused_by_name(env, named):
+    with pytest.raises(LabError, match=named):
+        settings_from_env({**PREFIX, **env})
+
+
+def test_24_11_leaves_out_only_the_lines_it_refuses():
+    layout = compute_layout(4, "10.78.0")
+    old, new = render_slurm_conf(settings(), layout, "cgroup"), render_slurm_conf(s24(), layout, "cgroup")
+    assert conf_lines(old, "TaskPlugin") == ["TaskPlugin=task/none"] and not conf_lines(new, "TaskPlugin")
+    assert [ln for ln in old.splitlines() if not ln.startswith("TaskPlugin=")] == new.splitlines()
+    old_cg, new_cg = render_cgroup_conf(), render_cgroup_conf("24.11")
+    assert conf_lines(old_cg, "CgroupAutomount") == ["CgroupAutomount=no"] and not conf_lines(new_cg, "CgroupAutomount")
+    assert [ln for ln in old_cg.splitlines() if not ln.startswith("CgroupAutomount=")] == new_cg.splitlines()
+
+
+def test_a_24_11_node_swaps_usr_before_anything_else_runs():
+    node = compute_layout(4, "10.78.0")[0]
+    old, new = node_boot_script(settings(), node).splitlines(), node_boot_script(s24(), node).splitlines()
+    assert new[:3] == ["set -e", f"mount --bind {ROOT24}/usr /usr", f"mount --bind {ROOT24}/etc/ld.so.cache /etc/ld.so.cache"]
+    assert [old[0], *old[1:]] == [new[0], *new[3:]]          # the rest is 22.05's script
+    assert not any("/usr" in line for line in old)
+
+
+@pytest.mark.parametrize("slurm, hostname, expected", [
+    ("22.05", None, ["munged", "--x"]),
+    ("22.05", "slurmctl", ["unshare", "--uts", "sh", "-c", 'echo slurmctl > /proc/sys/kernel/hostname && exec "$@"',
+                           "sh", "munged", "--x"]),
+    ("24.11", None, ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                     f'mount --bind {ROOT24}/usr /usr && mount --bind {ROOT24}/etc/ld.so.cache /etc/ld.so.cache '
+                     '&& exec "$@"', "sh", "munged", "--x"]),
+])
+def test_a_daemon_starts_in_the_namespaces_its_version_needs(slurm, hostname, expected):
+    s = s24() if slurm == "24.11" else settings()
+    assert config.daemon_argv(s, ["munged", "--x"], hostname=hostname) == expected
+
+
+def test_24_11_clients_come_from_the_root_through_a_wrapper_that_cannot_loop():
+    import subprocess
+    text = config.render_client_wrapper(s24())
+    assert f"root={ROOT24}" in text and '"/usr/bin/$name"' in text   # absolute: bin/ first on PATH cannot loop
+    assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+    assert config.export_lines(Path("/l/etc/slurm.conf"), None) == "export SLURM_CONF=/l/etc/slurm.conf"
+    assert config.export_lines(Path("/l/etc/slurm.conf"), Path("/l/bin")).splitlines() == [
+        "export SLURM_CONF=/l/etc/slurm.conf", 'export PATH=/l/bin:"$PATH"']
+
+
+def test_the_24_11_clients_are_first_on_the_lab_s_own_path(monkeypatch):
+    from integration.labctl.daemons import daemon_env
+    monkeypatch.setenv("PATH", f"/usr/bin:{LAB}/bin:/bin")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert daemon_env(settings())["PATH"] == f"/usr/bin:{LAB}/bin:/bin"
+    env = daemon_env(s24())
+    assert env["PATH"] == f"{LAB}/bin:/usr/bin:/bin" and "SLURM_JOB_ID" not in env
+
+
+def test_switching_the_slurm_version_restarts_the_lab_and_22_05_keeps_its_fingerprint():
+    from dataclasses import replace
+    files = {"slurm.conf": "x"}
+    assert fingerprint(files, settings()) == fingerprint(files, replace(settings(), slurm_root=Path("/elsewhere")))
+    assert fingerprint(files, settings()) != fingerprint(files, s24())
+    assert fingerprint(files, s24()) != fingerprint(files, replace(s24(), slurm_root=Path("/elsewhere")))

@@ -1,4 +1,4 @@
-"""A real multi-node Slurm 22.05 lab on one Linux machine, for elastic-ray's integration tests.
+"""A real multi-node Slurm lab (22.05, or 24.11 from a Debian 13 root) on one Linux machine, for elastic-ray's integration tests.
 
 Every compute node is a genuine ``slurmd``.  Each one lives in three namespaces of its own:
 
@@ -16,10 +16,11 @@ under the lab dir, no TCP) and a ``slurmdbd`` that slurmctld reports to, so ``sa
 
 Commands (``integration/lab`` is a thin wrapper around :func:`main`)::
 
-    lab up [N]    start, or repair, an N-node lab (default 4); idempotent
+    lab up [N] [--slurm 22.05|24.11]
+                  start, or repair, an N-node lab (default 4); idempotent
     lab down      stop what this lab started and remove its netns/bridge/hosts block
     lab status    exit 0 when up, 3 when down
-    lab env       print the ``export SLURM_CONF=...`` line
+    lab env       print the ``export SLURM_CONF=...`` line (and PATH for 24.11)
 
 Environment knobs (read by :func:`config.settings_from_env`):
 
@@ -33,6 +34,14 @@ Environment knobs (read by :func:`config.settings_from_env`):
     ELASTIC_RAY_LAB_PYTHON_PREFIX  sys.prefix of the python that will run jobs   [sys.prefix]
     ELASTIC_RAY_LAB_ACCOUNTING   1|0: mariadbd + slurmdbd, sacct answers  [1]
                                  0: AccountingStorageType=accounting_storage/none, as before.
+    ELASTIC_RAY_LAB_SLURM        22.05|24.11: the Slurm the lab runs   [22.05]
+                                 22.05: the host's Debian 12 packages.  24.11: Debian 13's, from a
+                                 debootstrapped root (built once, ~2 min) whose /usr replaces the
+                                 host's in a private mount namespace of every lab daemon (and so of
+                                 every job); the host calls 24.11's clients through wrappers in
+                                 LAB/bin, first on PATH (22.05 clients cannot talk to 24.11).
+    ELASTIC_RAY_LAB_SLURM_ROOT   where that root is built and kept
+                                 [/var/cache/elastic-ray-lab/trixie-slurm-24.11]
 
 Python API for tests: :func:`up`, :func:`down`, :func:`is_up`, :func:`slurm_conf_path`,
 :func:`nodes`, :func:`lab_dir`.  Must run as root.  Standard library only: integration/lab
@@ -62,6 +71,11 @@ from __future__ import annotations
 
 from .cli import EXIT_DOWN, main
 from .config import (
+    SLURM_VERSIONS,
+    daemon_argv,
+    export_lines,
+    render_client_wrapper,
+    usr_swap_lines,
     ACCT_DB,
     CLUSTER,
     CPUS_PER_NODE,
@@ -124,10 +138,11 @@ from .daemons import (
     start_slurmd,
     wait_nodes,
 )
-from .files import link_etc_slurm, make_dirs, unlink_etc_slurm, write_files
-from .lifecycle import down, is_up, lab_dir, load_state, nodes, require_root, slurm_conf_path, state_nodes, up
+from .files import link_etc_slurm, make_dirs, unlink_etc_slurm, write_client_wrappers, write_files
+from .lifecycle import (down, is_up, lab_dir, load_state, nodes, require_root, running_settings, slurm_conf_path,
+                        state_nodes, up)
 from .net import net_down, net_intact, net_up, netns_pids, rewrite_hosts
-from .packages import ACCOUNTING_PACKAGES, PACKAGES, ensure_packages, missing_packages
+from .packages import ACCOUNTING_PACKAGES, PACKAGES, ensure_packages, ensure_root, missing_packages, root_ready
 from .procs import STEP_SETTLE, TERM_GRACE, children_of, owned_pid, pid_alive, poll_until, read_pid, stop_pids
 from .report import log
 
@@ -139,11 +154,12 @@ __all__ = [
     "compute_layout", "fingerprint", "gpu_device_paths", "hosts_markers", "is_under", "node_boot_script",
     "parse_gres", "private_mounts", "render_cgroup_conf", "render_gres_conf", "render_hosts_block",
     "render_slurm_conf", "render_slurmdbd_conf", "settings_from_env", "strip_hosts_block", "with_hosts_block",
+    "SLURM_VERSIONS", "daemon_argv", "export_lines", "render_client_wrapper", "usr_swap_lines",
     # report, procs, packages, files, net
     "log",
     "STEP_SETTLE", "TERM_GRACE", "children_of", "owned_pid", "pid_alive", "poll_until", "read_pid", "stop_pids",
-    "ACCOUNTING_PACKAGES", "PACKAGES", "ensure_packages", "missing_packages",
-    "link_etc_slurm", "make_dirs", "unlink_etc_slurm", "write_files",
+    "ACCOUNTING_PACKAGES", "PACKAGES", "ensure_packages", "ensure_root", "missing_packages", "root_ready",
+    "link_etc_slurm", "make_dirs", "unlink_etc_slurm", "write_client_wrappers", "write_files",
     "net_down", "net_intact", "net_up", "netns_pids", "rewrite_hosts",
     # daemons
     "CTLD_TIMEOUT", "IDLE_TIMEOUT", "control_pids", "ctld_answers", "ctld_pid", "ctld_pids", "daemon_env", "munged_pid",
@@ -153,6 +169,7 @@ __all__ = [
     "DB_TIMEOUT", "accounting_pids", "clusters", "dbd_env", "mariadbd_pid", "slurmdbd_pid", "start_mariadb",
     "start_slurmdbd",
     # lifecycle, cli
-    "down", "is_up", "lab_dir", "load_state", "nodes", "require_root", "slurm_conf_path", "state_nodes", "up",
+    "down", "is_up", "lab_dir", "load_state", "nodes", "require_root", "running_settings", "slurm_conf_path",
+    "state_nodes", "up",
     "EXIT_DOWN", "main",
 ]

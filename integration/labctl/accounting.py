@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import subprocess
 
-from .config import CLUSTER, LabError, Settings, mariadb_install_argv, mariadbd_argv
+from .config import CLUSTER, LabError, Settings, daemon_argv, mariadb_install_argv, mariadbd_argv
 from .daemons import daemon_env
 from .procs import _run, _start_daemon, owned_pid, pid_alive, poll_until
 
@@ -76,7 +76,7 @@ def start_slurmdbd(s: Settings) -> bool:
     started = False
     log_file = s.log_dir / "slurmdbd.log"
     if not pid_alive(slurmdbd_pid(s)):
-        _start_daemon("slurmdbd", ["slurmdbd"], dbd_env(s), log_file)
+        _start_daemon("slurmdbd", daemon_argv(s, ["slurmdbd"]), dbd_env(s), log_file)
         started = True
     answer: list[list[str] | None] = [None]
 

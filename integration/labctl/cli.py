@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import subprocess
 import sys
 
-from .config import DEFAULT_NODES, LabError, Settings, settings_from_env
+from .config import DEFAULT_NODES, SLURM_VERSIONS, LabError, Settings, export_lines, settings_from_env
 from .accounting import mariadbd_pid, slurmdbd_pid
 from .daemons import ctld_pid, daemon_env, munged_pid, slurmd_pid
-from .lifecycle import _running, down, load_state, state_nodes, up
+from .lifecycle import _running, down, load_state, running_settings, state_nodes, up
 from .procs import pid_alive
 from .report import log
 
@@ -30,7 +29,7 @@ def _status(s: Settings) -> int:
         return EXIT_DOWN
     state = load_state(s)
     layout = state_nodes(state)
-    print(f"lab: UP ({s.lab_dir}, {len(layout)} nodes, SLURM_CONF={s.conf})")
+    print(f"lab: UP ({s.lab_dir}, {len(layout)} nodes, Slurm {s.slurm}, SLURM_CONF={s.conf})")
     _print_layout(s)
     env = daemon_env(s)
     cp = subprocess.run(["squeue", "-o", "%.8i %.9P %.16j %.9T %.10M %.5D %R"], capture_output=True,
@@ -51,12 +50,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="start or repair an N-node lab")
     p_up.add_argument("n", nargs="?", type=int, default=DEFAULT_NODES)
+    p_up.add_argument("--slurm", choices=SLURM_VERSIONS, default=None,
+                      help="the Slurm version to run (default: $ELASTIC_RAY_LAB_SLURM, else 22.05); "
+                           "another version than the running lab's restarts it")
     sub.add_parser("down", help="stop the lab and remove its traces")
     sub.add_parser("status", help="exit 0 when up, 3 when down")
     sub.add_parser("env", help="print the export SLURM_CONF=... line")
     args = parser.parse_args(argv)
     try:
+        if args.cmd == "up" and args.slurm:
+            os.environ["ELASTIC_RAY_LAB_SLURM"] = args.slurm
         s = settings_from_env()
+        if args.cmd != "up":
+            s = running_settings(s)
         if args.cmd == "up":
             info = up(args.n)
             _print_layout(s)
@@ -66,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "status":
             return _status(s)
         elif args.cmd == "env":
-            print(f"export SLURM_CONF={shlex.quote(str(s.conf))}")
+            print(export_lines(s.conf, s.bin_dir if s.swaps_usr else None))
         return 0
     except LabError as e:
         hint = f" (see {e.log_file})" if e.log_file and str(e.log_file) not in str(e) else ""

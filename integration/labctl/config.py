@@ -34,6 +34,16 @@ PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 CLUSTER = "erlab"  # ClusterName, and the cluster registered in slurmdbd
 DBD_PORT = 6819  # slurmdbd's default port; slurmctld and every client reach it at the controller's address
 ACCT_DB = "slurm_acct_db"
+#: Slurm versions the lab can run: the host's Debian 12 packages (the default), or Debian 13's
+#: from a debootstrapped root whose /usr replaces the host's for every lab process (issue 25).
+SLURM_VERSIONS = ("22.05", "24.11")
+DEFAULT_SLURM = "22.05"
+#: Where the Debian 13 root with Slurm 24.11 is built once and kept (outside any checkout, so
+#: clones share it; `lab down` leaves it).
+DEFAULT_SLURM_ROOT = Path("/var/cache/elastic-ray-lab/trixie-slurm-24.11")
+#: The client commands the lab's bin/ wraps for 24.11 (host code calls them by bare name).
+CLIENTS = ("sbatch", "squeue", "scancel", "scontrol", "sacct", "sacctmgr", "srun", "sinfo", "salloc",
+           "sattach", "sstat", "sprio", "sshare")
 
 
 class LabError(RuntimeError):
@@ -61,6 +71,19 @@ class Settings:
     private_tmp: bool
     notes: tuple[str, ...] = ()  # things worth telling the user (e.g. private tmp forced off)
     accounting: bool = True  # slurmdbd + the lab's own MariaDB (ELASTIC_RAY_LAB_ACCOUNTING)
+    slurm: str = DEFAULT_SLURM  # ELASTIC_RAY_LAB_SLURM: one of SLURM_VERSIONS
+    slurm_root: Path = DEFAULT_SLURM_ROOT  # ELASTIC_RAY_LAB_SLURM_ROOT: the 24.11 root (unused for 22.05)
+
+    @property
+    def swaps_usr(self) -> bool:
+        """True when every lab process runs with the 24.11 root's /usr over the host's."""
+        return self.slurm != DEFAULT_SLURM
+
+    @property
+    def bin_dir(self) -> Path:
+        # Wrappers of the client commands (24.11 only): first on the PATH of the lab's own
+        # calls, the tests and `lab env`.
+        return self.lab_dir / "bin"
 
     @property
     def ctl_ip(self) -> str:
@@ -156,10 +179,18 @@ class LabInfo:
     shared_dir: Path
     action: str = "up"  # "started", "repaired" or "up" (nothing to do)
     notes: list[str] = field(default_factory=list)
+    slurm: str = DEFAULT_SLURM
+    bin_dir: Path | None = None  # 24.11: the wrapped clients, first on PATH
 
     @property
     def export_line(self) -> str:
-        return f"export SLURM_CONF={shlex.quote(str(self.conf))}"
+        return export_lines(self.conf, self.bin_dir)
+
+
+def export_lines(conf: Path, bin_dir: Path | None) -> str:
+    """What a shell needs to use the lab: SLURM_CONF, and for 24.11 the clients' bin/ first on PATH."""
+    line = f"export SLURM_CONF={shlex.quote(str(conf))}"
+    return line if bin_dir is None else line + f"\nexport PATH={shlex.quote(str(bin_dir))}:\"$PATH\""
 
 
 def is_under(path: str | os.PathLike, parents: Iterable[str]) -> bool:
@@ -224,7 +255,17 @@ def settings_from_env(env: dict[str, str] | None = None) -> Settings:
     raw_acct = env.get("ELASTIC_RAY_LAB_ACCOUNTING", "1")
     if raw_acct not in ("0", "1"):
         raise LabError(f"ELASTIC_RAY_LAB_ACCOUNTING must be 0 or 1, got {raw_acct!r}")
-    return Settings(Path(lab_dir), subnet, bridge, private_tmp, tuple(notes), raw_acct == "1")
+    slurm = env.get("ELASTIC_RAY_LAB_SLURM") or DEFAULT_SLURM
+    if slurm not in SLURM_VERSIONS:
+        raise LabError(f"ELASTIC_RAY_LAB_SLURM must be one of {', '.join(SLURM_VERSIONS)}, got {slurm!r}")
+    root = env.get("ELASTIC_RAY_LAB_SLURM_ROOT") or str(DEFAULT_SLURM_ROOT)
+    if not os.path.isabs(root) or os.path.normpath(root) == "/":
+        raise LabError(f"ELASTIC_RAY_LAB_SLURM_ROOT must be an absolute directory other than /, got {root!r}")
+    if slurm != DEFAULT_SLURM and is_under(root, PRIVATE_DIRS):
+        raise LabError(f"ELASTIC_RAY_LAB_SLURM_ROOT={root} is under /tmp, /var/tmp or /dev/shm, which nodes "
+                       "replace with their own; choose another dir")
+    return Settings(Path(lab_dir), subnet, bridge, private_tmp, tuple(notes), raw_acct == "1", slurm,
+                    Path(os.path.normpath(root)))
 
 
 def compute_layout(n: int, subnet: str) -> list[Node]:
@@ -291,7 +332,8 @@ def render_slurm_conf(s: Settings, layout: list[Node], proctrack: str) -> str:
         "MpiDefault=none",
         f"ProctrackType=proctrack/{proctrack}",
         # The 4 CPUs / 8 GB per node are fiction, so nothing may be pinned or constrained.
-        "TaskPlugin=task/none",
+        # 24.11 ships no task/none plugin: leaving TaskPlugin unset is the same there.
+        *(["TaskPlugin=task/none"] if not s.swaps_usr else []),
         *accounting_lines(s),
         # The plain record of every job's end, kept next to the logs (with or without accounting).
         "JobCompType=jobcomp/filetxt",
@@ -433,13 +475,14 @@ def render_gres_conf(s: Settings, layout: list[Node]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_cgroup_conf() -> str:
+def render_cgroup_conf(slurm: str = DEFAULT_SLURM) -> str:
     # Only read with proctrack/cgroup, and only for tracking: constraining the fake resources
     # would break jobs.  cgroup/v2 in 22.05 wants systemd, which this machine may not have.
+    # 24.11 calls CgroupAutomount defunct (an error line at every start): left out there.
     return "\n".join(
         [
             "CgroupPlugin=cgroup/v1",
-            "CgroupAutomount=no",
+            *(["CgroupAutomount=no"] if slurm == DEFAULT_SLURM else []),
             "ConstrainCores=no",
             "ConstrainRAMSpace=no",
             "ConstrainDevices=no",
@@ -486,12 +529,53 @@ def node_boot_script(s: Settings, node: Node) -> str:
     `hostname` binary is needed.  slurmd then takes its NodeName from that hostname.
     """
     q = shlex.quote
-    cmds = ["set -e", f"echo {q(node.name)} > /proc/sys/kernel/hostname"]
+    cmds = ["set -e", *usr_swap_lines(s), f"echo {q(node.name)} > /proc/sys/kernel/hostname"]
     if s.private_tmp:
         for src, dst in private_mounts(s, node.name):
             cmds.append(f"mount --bind {q(str(src))} {q(dst)}")
     cmds.append(f"exec slurmd -f {q(str(s.conf))}")
     return "\n".join(cmds)
+
+
+def usr_swap_lines(s: Settings) -> list[str]:
+    """Shell lines that put the 24.11 root's /usr (and its loader cache) over the host's in the
+    current mount namespace; none for 22.05. Both systems are usr-merged, so this one bind swaps
+    glibc, Slurm and its plugins, munge and the shell tools together, while /etc (users, the lab's
+    /etc/hosts block), /root, /work and the lab dir stay the host's."""
+    if not s.swaps_usr:
+        return []
+    q = shlex.quote
+    return [f"mount --bind {q(str(s.slurm_root / 'usr'))} /usr",
+            f"mount --bind {q(str(s.slurm_root / 'etc' / 'ld.so.cache'))} /etc/ld.so.cache"]
+
+
+def daemon_argv(s: Settings, argv: list[str], hostname: str | None = None) -> list[str]:
+    """``argv`` as a lab daemon is started: with 24.11, in a private mount namespace with the
+    root's /usr (``usr_swap_lines``); with ``hostname``, in a UTS namespace of its own named so.
+    22.05 without a hostname: ``argv`` unchanged."""
+    lines = usr_swap_lines(s)
+    if hostname:
+        lines.append(f"echo {shlex.quote(hostname)} > /proc/sys/kernel/hostname")
+    if not lines:
+        return list(argv)
+    flags = (["--uts"] if hostname else []) + (["--mount", "--propagation", "private"] if s.swaps_usr else [])
+    return ["unshare", *flags, "sh", "-c", " && ".join(lines) + ' && exec "$@"', "sh", *argv]
+
+
+def render_client_wrapper(s: Settings) -> str:
+    """bin/<client> for 24.11: the root's client in a private mount namespace with its /usr,
+    keeping the caller's cwd, environment and files. Exec'd by absolute path, so a PATH that
+    starts with bin/ cannot loop; where /usr already is the root's (inside a node), directly."""
+    root = shlex.quote(str(s.slurm_root))
+    return "\n".join([
+        "#!/bin/sh",
+        "# Generated by integration/labctl (Slurm 24.11 lab): run this Slurm client from the lab's root.",
+        f"root={root}",
+        'name=$(basename "$0")',
+        '[ /usr -ef "$root/usr" ] && exec "/usr/bin/$name" "$@"',
+        'exec unshare -m --propagation private sh -c \'mount --bind "$0/usr" /usr && exec "$@"\' '
+        '"$root" "/usr/bin/$name" "$@"',
+    ]) + "\n"
 
 
 def private_mounts(s: Settings, node: str) -> list[tuple[Path, str]]:
@@ -505,4 +589,6 @@ def fingerprint(files: dict[str, str], s: Settings) -> str:
     for name in sorted(files):
         h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
     h.update(f"private_tmp={s.private_tmp} bridge={s.bridge}".encode())
+    if s.swaps_usr:   # 22.05's fingerprint stays what it was (a running lab is repaired, not restarted)
+        h.update(f" slurm={s.slurm} root={s.slurm_root}".encode())
     return h.hexdigest()[:16]

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import glob
 import os
-import shlex
 import subprocess
 import time
 from typing import Callable
 
-from .config import CTL_HOSTNAME, LabError, Node, Settings, node_boot_script
+from .config import CTL_HOSTNAME, LabError, Node, Settings, daemon_argv, node_boot_script
 from .net import netns_pids
 from .procs import _start_daemon, children_of, owned_pid, pid_alive, poll_until
 
@@ -26,6 +25,10 @@ def daemon_env(s: Settings) -> dict[str, str]:
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["SLURM_CONF"] = str(s.conf)
+    if s.swaps_usr:
+        # Slurm 24.11's clients (the host's 22.05 ones cannot talk to its daemons): bin/ first.
+        rest = [p for p in env.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").split(":") if p and p != str(s.bin_dir)]
+        env["PATH"] = ":".join([str(s.bin_dir), *rest])
     return env
 
 
@@ -54,9 +57,9 @@ def start_munged(s: Settings) -> bool:
     log_file = s.log_dir / "munged.log"
     _start_daemon(
         "munged",
-        ["munged", f"--socket={s.munge_socket}", f"--key-file={key}",
-         f"--pid-file={s.munge_dir / 'munged.pid'}", f"--seed-file={s.munge_dir / 'munged.seed'}",
-         f"--log-file={log_file}", "--num-threads=4"],
+        daemon_argv(s, ["munged", f"--socket={s.munge_socket}", f"--key-file={key}",
+                        f"--pid-file={s.munge_dir / 'munged.pid'}", f"--seed-file={s.munge_dir / 'munged.seed'}",
+                        f"--log-file={log_file}", "--num-threads=4"]),
         daemon_env(s), log_file)
     if not poll_until(lambda: s.munge_socket.exists() and pid_alive(munged_pid(s)), 10):
         raise LabError("munged did not come up", log_file)
@@ -73,8 +76,8 @@ def start_slurmctld(s: Settings) -> bool:
     if pid_alive(ctld_pid(s)):
         return False
     log_file = s.log_dir / "slurmctld.log"
-    boot = f"echo {CTL_HOSTNAME} > /proc/sys/kernel/hostname && exec slurmctld -f {shlex.quote(str(s.conf))}"
-    _start_daemon("slurmctld", ["unshare", "--uts", "sh", "-c", boot], daemon_env(s), log_file)
+    _start_daemon("slurmctld", daemon_argv(s, ["slurmctld", "-f", str(s.conf)], hostname=CTL_HOSTNAME),
+                  daemon_env(s), log_file)
     if not poll_until(lambda: ctld_answers(s), CTLD_TIMEOUT, 0.1):
         raise LabError(f"slurmctld did not answer `scontrol ping` within {CTLD_TIMEOUT:.0f}s", log_file)
     return True

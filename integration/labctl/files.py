@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from .config import NVIDIA_MAJOR, Node, Settings, gpu_device_paths, private_mounts
+from .config import CLIENTS, NVIDIA_MAJOR, Node, Settings, gpu_device_paths, private_mounts, render_client_wrapper
 from .report import log
 
 
@@ -61,3 +61,19 @@ def make_dirs(s: Settings, layout: list[Node]) -> None:
         for src, _ in private_mounts(s, node.name):
             src.mkdir(parents=True, exist_ok=True)
             os.chmod(src, 0o1777)  # like the real /tmp: world-writable, sticky
+
+
+def write_client_wrappers(s: Settings) -> None:
+    """bin/<client> for a 24.11 lab (the root's clients; see config.render_client_wrapper); for
+    22.05 there is no bin/ (the host's own clients are the lab's)."""
+    if not s.swaps_usr:
+        return
+    s.bin_dir.mkdir(parents=True, exist_ok=True)
+    text = render_client_wrapper(s)
+    for name in CLIENTS:
+        path = s.bin_dir / name
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_name(f".{name}.tmp")
+            tmp.write_text(text)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, path)

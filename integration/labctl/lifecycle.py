@@ -40,9 +40,9 @@ from .daemons import (
     start_slurmd,
     wait_nodes,
 )
-from .files import link_etc_slurm, make_dirs, unlink_etc_slurm, write_files
+from .files import link_etc_slurm, make_dirs, unlink_etc_slurm, write_client_wrappers, write_files
 from .net import net_down, net_intact, net_up, netns_pids, rewrite_hosts
-from .packages import ensure_packages
+from .packages import ensure_packages, ensure_root
 from .procs import _run, pid_alive, stop_pids
 from .report import _since, log
 
@@ -56,6 +56,16 @@ def load_state(s: Settings) -> dict | None:
 
 def state_nodes(state: dict | None) -> list[Node]:
     return [Node(*row) for row in (state or {}).get("nodes", [])]
+
+
+def running_settings(s: Settings) -> Settings:
+    """``s`` with the Slurm version (and root) of the lab its state file records: a shell that
+    did not set ELASTIC_RAY_LAB_SLURM still talks to a running 24.11 lab with 24.11's clients."""
+    state = load_state(s) or {}
+    slurm, root = state.get("slurm"), state.get("slurm_root")
+    if not slurm or (slurm == s.slurm and (root is None or root == str(s.slurm_root))):
+        return s
+    return dataclasses.replace(s, slurm=slurm, slurm_root=Path(root) if root else s.slurm_root)
 
 
 def require_root() -> None:
@@ -150,18 +160,20 @@ def up(n: int = DEFAULT_NODES) -> LabInfo:
         log(note)
     s.log_dir.mkdir(parents=True, exist_ok=True)
     ensure_packages(s)
+    ensure_root(s)
 
     layout = compute_layout(n, s.subnet)
     proctrack = choose_proctrack(Path("/proc/mounts").read_text())
     files = {
         "slurm.conf": render_slurm_conf(s, layout, proctrack),
         "gres.conf": render_gres_conf(s, layout),
-        "cgroup.conf": render_cgroup_conf(),
+        "cgroup.conf": render_cgroup_conf(s.slurm),
     }
     if s.accounting:
         files["slurmdbd.conf"] = render_slurmdbd_conf(s)
     fp = fingerprint(files, s)
-    info = LabInfo(s.lab_dir, s.conf, layout, s.private_tmp, s.shared_dir, notes=list(s.notes))
+    info = LabInfo(s.lab_dir, s.conf, layout, s.private_tmp, s.shared_dir, notes=list(s.notes),
+                   slurm=s.slurm, bin_dir=s.bin_dir if s.swaps_usr else None)
 
     state = load_state(s)
     if Path(f"/sys/class/net/{s.bridge}").exists() and (state is None or _other_lab_dirs(s)):
@@ -207,11 +219,13 @@ def _fresh_start(s: Settings, layout: list[Node], files: dict[str, str], fp: str
         if logf.name != "apt.log":
             logf.write_text("")
     write_files(s, files, layout)
+    write_client_wrappers(s)
     # Written before anything is created, so that `down` can always find what to remove,
     # even if the knobs in the environment have changed since.
     s.state_file.write_text(json.dumps(
         {"fingerprint": fp, "bridge": s.bridge, "subnet": s.subnet, "proctrack": proctrack,
-         "private_tmp": s.private_tmp, "accounting": s.accounting, "nodes": [list(n) for n in layout]},
+         "private_tmp": s.private_tmp, "accounting": s.accounting, "nodes": [list(n) for n in layout],
+         "slurm": s.slurm, "slurm_root": str(s.slurm_root) if s.swaps_usr else None},
         indent=1) + "\n")
     link_etc_slurm(s)
     block = render_hosts_block(s.hosts_tag, s.ctl_ip, layout)
@@ -234,6 +248,7 @@ def _repair(s: Settings, layout: list[Node]) -> list[str]:
     the slurmstepds of running jobs through its spool dir.
     """
     make_dirs(s, layout)
+    write_client_wrappers(s)
     link_etc_slurm(s)
     block = render_hosts_block(s.hosts_tag, s.ctl_ip, layout)
     rewrite_hosts(lambda text: with_hosts_block(text, s.hosts_tag, block))

@@ -10,9 +10,9 @@ host_mirror() {  # first Debian archive URI in the host's apt sources
 }
 MIRROR=${MIRROR:-$(host_mirror)}
 echo "mirror taken from host apt sources"
-T0=$(date +%s.%N)
+T0=$(date +%s)
 nice -n 19 ionice -c3 debootstrap --variant=minbase trixie "$ROOT" "$MIRROR"
-T1=$(date +%s.%N)
+T1=$(date +%s)
 # no service may start inside the root
 printf '#!/bin/sh\nexit 101\n' > "$ROOT/usr/sbin/policy-rc.d"; chmod 755 "$ROOT/usr/sbin/policy-rc.d"
 # chroot needs /proc for some maintainer scripts; use a private mount namespace so nothing leaks
@@ -23,7 +23,7 @@ nice -n 19 ionice -c3 unshare -m --propagation private sh -c "
       libffi8 libnsl2 libtirpc3t64   # for the host venv's python (ctypes -> ray; nis)
   chroot '$ROOT' apt-get clean
 "
-T2=$(date +%s.%N)
+T2=$(date +%s)
 [ -e "$ROOT/etc/hosts" ] || printf '127.0.0.1 localhost\n' > "$ROOT/etc/hosts"   # minbase has none; a bind target
-echo "debootstrap: $(echo "$T1-$T0"|bc) s; apt-get install: $(echo "$T2-$T1"|bc) s"
+echo "debootstrap: $((T1 - T0)) s; apt-get install: $((T2 - T1)) s"
 du -sh "$ROOT"
