@@ -525,3 +525,29 @@ def test_switching_the_slurm_version_restarts_the_lab_and_22_05_keeps_its_finger
     assert fingerprint(files, settings()) == fingerprint(files, replace(settings(), slurm_root=Path("/elsewhere")))
     assert fingerprint(files, settings()) != fingerprint(files, s24())
     assert fingerprint(files, s24()) != fingerprint(files, replace(s24(), slurm_root=Path("/elsewhere")))
+
+
+@pytest.mark.parametrize("slurm", ["22.05", "24.11"])
+def test_enforced_limits_turn_on_task_cgroup_and_the_memory_limit_only(slurm):
+    from dataclasses import replace
+    base = s24() if slurm == "24.11" else settings()
+    layout = compute_layout(4, "10.78.0")
+    free, limited = render_slurm_conf(base, layout, "cgroup"), render_slurm_conf(replace(base, limits=True), layout, "cgroup")
+    assert conf_lines(limited, "TaskPlugin") == ["TaskPlugin=task/cgroup"]
+    assert [ln for ln in free.splitlines() if not ln.startswith("TaskPlugin=")] == \
+        [ln for ln in limited.splitlines() if not ln.startswith("TaskPlugin=")]
+    cg = render_cgroup_conf(slurm, limits=True)
+    assert conf_lines(cg, "ConstrainRAMSpace") == ["ConstrainRAMSpace=yes"]
+    assert conf_lines(cg, "ConstrainCores") == ["ConstrainCores=no"]     # the nodes' CPUs are fiction
+    assert conf_lines(cg, "AllowedSwapSpace") == ["AllowedSwapSpace=0"]
+    assert render_cgroup_conf(slurm) == render_cgroup_conf(slurm, limits=False)
+    assert settings_from_env({**PREFIX, "ELASTIC_RAY_LAB_LIMITS": "1"}).limits
+    with pytest.raises(LabError, match="ELASTIC_RAY_LAB_LIMITS"):
+        settings_from_env({**PREFIX, "ELASTIC_RAY_LAB_LIMITS": "yes"})
+
+
+def test_the_memory_controller_is_looked_for_in_cgroup_v1_mounts():
+    mounts = ("cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n"
+              "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n")
+    assert config.has_v1_controller(mounts, "memory") and not config.has_v1_controller(mounts, "freezer")
+    assert not config.has_v1_controller("cgroup2 /sys/fs/cgroup cgroup2 rw,memory 0 0\n", "memory")

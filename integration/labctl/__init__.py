@@ -16,7 +16,7 @@ under the lab dir, no TCP) and a ``slurmdbd`` that slurmctld reports to, so ``sa
 
 Commands (``integration/lab`` is a thin wrapper around :func:`main`)::
 
-    lab up [N] [--slurm 22.05|24.11]
+    lab up [N] [--slurm 22.05|24.11] [--limits]
                   start, or repair, an N-node lab (default 4); idempotent
     lab down      stop what this lab started and remove its netns/bridge/hosts block
     lab status    exit 0 when up, 3 when down
@@ -40,6 +40,8 @@ Environment knobs (read by :func:`config.settings_from_env`):
                                  host's in a private mount namespace of every lab daemon (and so of
                                  every job); the host calls 24.11's clients through wrappers in
                                  LAB/bin, first on PATH (22.05 clients cannot talk to 24.11).
+    ELASTIC_RAY_LAB_LIMITS       1|0: enforce each job's memory (TaskPlugin=task/cgroup,
+                                 ConstrainRAMSpace) as most clusters do   [0]
     ELASTIC_RAY_LAB_SLURM_ROOT   where that root is built and kept
                                  [/var/cache/elastic-ray-lab/trixie-slurm-24.11]
 

@@ -29,7 +29,8 @@ def _status(s: Settings) -> int:
         return EXIT_DOWN
     state = load_state(s)
     layout = state_nodes(state)
-    print(f"lab: UP ({s.lab_dir}, {len(layout)} nodes, Slurm {s.slurm}, SLURM_CONF={s.conf})")
+    limits = "limits enforced" if (state or {}).get("limits") else "no limits"
+    print(f"lab: UP ({s.lab_dir}, {len(layout)} nodes, Slurm {s.slurm}, {limits}, SLURM_CONF={s.conf})")
     _print_layout(s)
     env = daemon_env(s)
     cp = subprocess.run(["squeue", "-o", "%.8i %.9P %.16j %.9T %.10M %.5D %R"], capture_output=True,
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--slurm", choices=SLURM_VERSIONS, default=None,
                       help="the Slurm version to run (default: $ELASTIC_RAY_LAB_SLURM, else 22.05); "
                            "another version than the running lab's restarts it")
+    p_up.add_argument("--limits", action="store_true", default=None,
+                      help="enforce each job's memory with cgroups (task/cgroup; also "
+                           "ELASTIC_RAY_LAB_LIMITS=1); a lab started otherwise is restarted")
     sub.add_parser("down", help="stop the lab and remove its traces")
     sub.add_parser("status", help="exit 0 when up, 3 when down")
     sub.add_parser("env", help="print the export SLURM_CONF=... line")
@@ -60,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "up" and args.slurm:
             os.environ["ELASTIC_RAY_LAB_SLURM"] = args.slurm
+        if args.cmd == "up" and args.limits:
+            os.environ["ELASTIC_RAY_LAB_LIMITS"] = "1"
         s = settings_from_env()
         if args.cmd != "up":
             s = running_settings(s)

@@ -73,6 +73,7 @@ class Settings:
     accounting: bool = True  # slurmdbd + the lab's own MariaDB (ELASTIC_RAY_LAB_ACCOUNTING)
     slurm: str = DEFAULT_SLURM  # ELASTIC_RAY_LAB_SLURM: one of SLURM_VERSIONS
     slurm_root: Path = DEFAULT_SLURM_ROOT  # ELASTIC_RAY_LAB_SLURM_ROOT: the 24.11 root (unused for 22.05)
+    limits: bool = False  # ELASTIC_RAY_LAB_LIMITS: task/cgroup with each job's memory enforced
 
     @property
     def swaps_usr(self) -> bool:
@@ -264,8 +265,11 @@ def settings_from_env(env: dict[str, str] | None = None) -> Settings:
     if slurm != DEFAULT_SLURM and is_under(root, PRIVATE_DIRS):
         raise LabError(f"ELASTIC_RAY_LAB_SLURM_ROOT={root} is under /tmp, /var/tmp or /dev/shm, which nodes "
                        "replace with their own; choose another dir")
+    raw_limits = env.get("ELASTIC_RAY_LAB_LIMITS", "0")
+    if raw_limits not in ("0", "1"):
+        raise LabError(f"ELASTIC_RAY_LAB_LIMITS must be 0 or 1, got {raw_limits!r}")
     return Settings(Path(lab_dir), subnet, bridge, private_tmp, tuple(notes), raw_acct == "1", slurm,
-                    Path(os.path.normpath(root)))
+                    Path(os.path.normpath(root)), raw_limits == "1")
 
 
 def compute_layout(n: int, subnet: str) -> list[Node]:
@@ -300,6 +304,12 @@ def choose_proctrack(mounts_text: str) -> str:
     return "linuxproc"
 
 
+def has_v1_controller(mounts_text: str, controller: str) -> bool:
+    """A cgroup v1 hierarchy with ``controller`` is mounted (``/proc/mounts`` text)."""
+    return any(len(f := line.split()) >= 4 and f[2] == "cgroup" and controller in f[3].split(",")
+               for line in mounts_text.splitlines())
+
+
 def render_slurm_conf(s: Settings, layout: list[Node], proctrack: str) -> str:
     lab = s.lab_dir
     lines = [
@@ -331,9 +341,11 @@ def render_slurm_conf(s: Settings, layout: list[Node], proctrack: str) -> str:
         "MailProg=/bin/true",
         "MpiDefault=none",
         f"ProctrackType=proctrack/{proctrack}",
-        # The 4 CPUs / 8 GB per node are fiction, so nothing may be pinned or constrained.
+        # The 4 CPUs / 8 GB per node are fiction, so nothing may be pinned or constrained ...
         # 24.11 ships no task/none plugin: leaving TaskPlugin unset is the same there.
-        *(["TaskPlugin=task/none"] if not s.swaps_usr else []),
+        # ... unless the lab enforces limits (ELASTIC_RAY_LAB_LIMITS): then each job's memory
+        # (its --mem, not the fictional 8 GB) is a cgroup limit, as on most real clusters.
+        *(["TaskPlugin=task/cgroup"] if s.limits else ["TaskPlugin=task/none"] if not s.swaps_usr else []),
         *accounting_lines(s),
         # The plain record of every job's end, kept next to the logs (with or without accounting).
         "JobCompType=jobcomp/filetxt",
@@ -475,16 +487,20 @@ def render_gres_conf(s: Settings, layout: list[Node]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_cgroup_conf(slurm: str = DEFAULT_SLURM) -> str:
+def render_cgroup_conf(slurm: str = DEFAULT_SLURM, limits: bool = False) -> str:
     # Only read with proctrack/cgroup, and only for tracking: constraining the fake resources
     # would break jobs.  cgroup/v2 in 22.05 wants systemd, which this machine may not have.
     # 24.11 calls CgroupAutomount defunct (an error line at every start): left out there.
+    # With ``limits`` (task/cgroup) a job's memory is enforced: RAM at its --mem, and no swap
+    # beyond it. Cores stay unconstrained: the nodes' 4 CPUs are fiction on a 2-core machine,
+    # and a cpuset of CPUs that do not exist would fail every step.
     return "\n".join(
         [
             "CgroupPlugin=cgroup/v1",
             *(["CgroupAutomount=no"] if slurm == DEFAULT_SLURM else []),
             "ConstrainCores=no",
-            "ConstrainRAMSpace=no",
+            *(["ConstrainRAMSpace=yes", "AllowedRAMSpace=100", "ConstrainSwapSpace=yes", "AllowedSwapSpace=0"]
+              if limits else ["ConstrainRAMSpace=no"]),
             "ConstrainDevices=no",
         ]
     ) + "\n"

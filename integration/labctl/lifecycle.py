@@ -19,6 +19,7 @@ from .config import (
     choose_proctrack,
     compute_layout,
     fingerprint,
+    has_v1_controller,
     render_cgroup_conf,
     render_gres_conf,
     render_hosts_block,
@@ -163,11 +164,15 @@ def up(n: int = DEFAULT_NODES) -> LabInfo:
     ensure_root(s)
 
     layout = compute_layout(n, s.subnet)
-    proctrack = choose_proctrack(Path("/proc/mounts").read_text())
+    mounts = Path("/proc/mounts").read_text()
+    proctrack = choose_proctrack(mounts)
+    if s.limits and not (proctrack == "cgroup" and has_v1_controller(mounts, "memory")):
+        raise LabError("ELASTIC_RAY_LAB_LIMITS=1 needs cgroup v1 (freezer and memory controllers mounted); "
+                       "this machine has none, so limits cannot be enforced here")
     files = {
         "slurm.conf": render_slurm_conf(s, layout, proctrack),
         "gres.conf": render_gres_conf(s, layout),
-        "cgroup.conf": render_cgroup_conf(s.slurm),
+        "cgroup.conf": render_cgroup_conf(s.slurm, s.limits),
     }
     if s.accounting:
         files["slurmdbd.conf"] = render_slurmdbd_conf(s)
@@ -225,7 +230,7 @@ def _fresh_start(s: Settings, layout: list[Node], files: dict[str, str], fp: str
     s.state_file.write_text(json.dumps(
         {"fingerprint": fp, "bridge": s.bridge, "subnet": s.subnet, "proctrack": proctrack,
          "private_tmp": s.private_tmp, "accounting": s.accounting, "nodes": [list(n) for n in layout],
-         "slurm": s.slurm, "slurm_root": str(s.slurm_root) if s.swaps_usr else None},
+         "slurm": s.slurm, "slurm_root": str(s.slurm_root) if s.swaps_usr else None, "limits": s.limits},
         indent=1) + "\n")
     link_etc_slurm(s)
     block = render_hosts_block(s.hosts_tag, s.ctl_ip, layout)
