@@ -61,6 +61,7 @@ One module per job, so that what the lab *is* can be checked without root
     daemons    munged, slurmctld, the slurmds, node states, the lab's processes, cgroups
     accounting mariadbd and slurmdbd, the cluster registered in them
     lifecycle  the state file, up (fresh start or repair), down, is_up, nodes
+    users      the two ordinary users (erlab-alice, erlab-bob) tests act as
     cli        ``lab up|down|status|env``
 
 Every name of the single module this package was (``integration/labctl.py``) is re-exported
@@ -147,6 +148,7 @@ from .net import net_down, net_intact, net_up, netns_pids, rewrite_hosts
 from .packages import ACCOUNTING_PACKAGES, PACKAGES, ensure_packages, ensure_root, missing_packages, root_ready
 from .procs import STEP_SETTLE, TERM_GRACE, children_of, owned_pid, pid_alive, poll_until, read_pid, stop_pids
 from .report import log
+from .users import LAB_USERS, ensure_users, missing_users
 
 __all__ = [
     # config
@@ -174,4 +176,6 @@ __all__ = [
     "down", "is_up", "lab_dir", "load_state", "nodes", "require_root", "running_settings", "slurm_conf_path",
     "state_nodes", "up",
     "EXIT_DOWN", "main",
+    # users
+    "LAB_USERS", "ensure_users", "missing_users",
 ]

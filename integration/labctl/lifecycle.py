@@ -44,6 +44,7 @@ from .daemons import (
 from .files import link_etc_slurm, make_dirs, unlink_etc_slurm, write_client_wrappers, write_files
 from .net import net_down, net_intact, net_up, netns_pids, rewrite_hosts
 from .packages import ensure_packages, ensure_root
+from .users import ensure_users
 from .procs import _run, pid_alive, stop_pids
 from .report import _since, log
 
@@ -162,6 +163,7 @@ def up(n: int = DEFAULT_NODES) -> LabInfo:
     s.log_dir.mkdir(parents=True, exist_ok=True)
     ensure_packages(s)
     ensure_root(s)
+    ensure_users()
 
     layout = compute_layout(n, s.subnet)
     mounts = Path("/proc/mounts").read_text()
