@@ -4,7 +4,8 @@ their uid and nothing of root's environment.
 
 As ``docs/real-cluster.md`` tells a user: ``python3 -m venv`` with the
 system's ``/usr/bin/python3`` (not root's pyenv) in the user's home (the
-lab's shared filesystem), then ``pip install "<their clone>[dagster]"``. The
+lab's shared filesystem), then ``pip install "<their clone>[dagster]"`` (their
+clone: a copy of this tree's files that the user makes). The
 dependencies take minutes to install, so a venv is kept per dependency set
 (a hash of ``pyproject.toml`` and ``scripts/constraints.txt``) and only the
 project itself is installed again, from a fresh copy of this tree, once per
@@ -18,15 +19,15 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from integration.labctl.users import LAB_USERS
 
 REPO = Path(__file__).resolve().parents[1]
 SYSTEM_PYTHON = "/usr/bin/python3"
-#: What a user's copy of the project needs to be installed (a clone has more; none of it is read).
-SOURCE_PARTS = ("elastic_ray", "pyproject.toml", "README.md", "LICENSE")
 ALICE, BOB = (name for name, _ in LAB_USERS)
 
 
@@ -41,8 +42,8 @@ class LabUser:
     def env(self, **extra: str) -> dict[str, str]:
         """A login-like environment: nothing of root's but the lab's SLURM_CONF (and PATH for 24.11)."""
         path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-        # Keep the lab's Slurm clients (LAB/bin for 24.11) and the system's; drop root's venv and pyenv.
-        keep = [p for p in path.split(":") if p and not p.startswith(("/root", str(REPO / ".venv")))]
+        # Keep the lab's Slurm clients and the system's; drop root's venv (this interpreter's) and pyenv.
+        keep = [p for p in path.split(":") if p and not p.startswith(("/root", sys.prefix, sys.base_prefix))]
         env = {"HOME": str(self.home), "USER": self.name, "LOGNAME": self.name, "SHELL": "/bin/bash",
                "LANG": "C.UTF-8", "PATH": ":".join([str(self.python.parent), *keep]),
                "SLURM_CONF": os.environ["SLURM_CONF"]}
@@ -66,9 +67,9 @@ class LabUser:
                                  f"--- stdout\n{cp.stdout[-4000:]}\n--- stderr\n{cp.stderr[-4000:]}")
         return cp
 
-    def popen(self, argv: list[str], *, cwd: Path | None = None,
-              extra_env: dict[str, str] | None = None) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(argv, extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    def popen(self, argv: list[str], *, cwd: Path | None = None, extra_env: dict[str, str] | None = None,
+              stderr: Any = subprocess.PIPE) -> subprocess.Popen:
+        return subprocess.Popen(self.argv(argv, extra_env), stdout=subprocess.PIPE, stderr=stderr, text=True,
                                 cwd=cwd or self.home, stdin=subprocess.DEVNULL)
 
     def python_code(self, code: str, *args: str, timeout: float = 600, check: bool = True,
@@ -84,37 +85,44 @@ def deps_key() -> str:
     return h.hexdigest()[:12]
 
 
-def _copy_source(dest: Path, uid: int, gid: int) -> None:
-    """This tree's installable parts into ``dest``, owned by the user (their own clone)."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    for part in SOURCE_PARTS:
-        src = REPO / part
-        if src.is_dir():
-            shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(src, dest / part)
-    shutil.copy2(REPO / "scripts" / "constraints.txt", dest / "constraints.txt")
-    for root, dirs, files in os.walk(dest):
-        for name in [*dirs, *files]:
-            os.chown(os.path.join(root, name), uid, gid)
-    os.chown(dest, uid, gid)
+def stage_source(stage: Path) -> Path:
+    """This tree's files (tracked and new, not ignored: what a clone of it would hold) in
+    ``stage/src``, root's and readable by all, for a user to copy."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
+    src = stage / "src"
+    for rel in filter(None, listed):
+        path = REPO / rel
+        if not path.is_file():
+            continue   # deleted in the working tree
+        dest = src / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest)
+    for root, dirs, files in os.walk(stage):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644 | (os.stat(os.path.join(root, name)).st_mode & 0o111))
+    return src
 
 
-def lab_user(name: str) -> LabUser:
-    """The lab user ``name`` with a venv that has this tree installed (built or refreshed as the user)."""
+def lab_user(name: str, stage: Path) -> LabUser:
+    """The lab user ``name`` with a venv that has this tree installed (built or refreshed as the
+    user, from their own copy of the tree, which they make from ``stage``: root never writes in a
+    user's home)."""
     entry = pwd.getpwnam(name)
     home = Path(entry.pw_dir)
     venv = home / "venvs" / f"elastic-ray-{deps_key()}"
     user = LabUser(name, entry.pw_uid, entry.pw_gid, home, venv / "bin" / "python")
+    staged = stage / "src" if (stage / "src").is_dir() else stage_source(stage)
     src = home / "src" / "elastic-ray"
-    _copy_source(src, user.uid, user.gid)
+    user.run(["rm", "-rf", str(src)])
+    user.run(["mkdir", "-p", str(src.parent), str(venv.parent)])
+    user.run(["cp", "-r", str(staged), str(src)])
+    constraints = src / "scripts" / "constraints.txt"
     if not user.python.exists():
-        user.run(["mkdir", "-p", str(venv.parent)])
         user.run([SYSTEM_PYTHON, "-m", "venv", str(venv)])
         user.run([str(user.python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                  "-c", str(src / "constraints.txt"), f"{src}[dagster]"], timeout=1800)
+                  "-c", str(constraints), f"{src}[dagster]"], timeout=1800)
     else:
         # The dependencies are there: only this tree's code, as a user updating their clone would.
         user.run([str(user.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",

@@ -133,7 +133,7 @@ def kill_one(job_ids: set[str], kind: str, node: str | None = None, sig: int = s
 
 
 def settings() -> labctl.Settings:
-    return labctl.settings_from_env()
+    return labctl.running_settings(labctl.settings_from_env())
 
 
 def node_of(name: str) -> tuple[int, labctl.Node]:

@@ -589,8 +589,8 @@ def render_client_wrapper(s: Settings) -> str:
         f"root={root}",
         'name=$(basename "$0")',
         '[ /usr -ef "$root/usr" ] && exec "/usr/bin/$name" "$@"',
-        'exec unshare -m --propagation private sh -c \'mount --bind "$0/usr" /usr && exec "$@"\' '
-        '"$root" "/usr/bin/$name" "$@"',
+        'exec unshare -m --propagation private sh -c \'mount --bind "$0/usr" /usr && '
+        'mount --bind "$0/etc/ld.so.cache" /etc/ld.so.cache && exec "$@"\' "$root" "/usr/bin/$name" "$@"',
     ]) + "\n"
 
 

@@ -4,6 +4,7 @@ the /etc/slurm links that let a plain ``sbatch`` find the lab."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def write_client_wrappers(s: Settings) -> None:
     """bin/<client> for a 24.11 lab (the root's clients; see config.render_client_wrapper); for
     22.05 there is no bin/ (the host's own clients are the lab's)."""
     if not s.swaps_usr:
+        if s.bin_dir.is_dir():   # a 24.11 lab's wrappers, left by it: no 22.05 shell may pick them up
+            shutil.rmtree(s.bin_dir)
         return
     s.bin_dir.mkdir(parents=True, exist_ok=True)
     text = render_client_wrapper(s)

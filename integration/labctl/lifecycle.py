@@ -9,6 +9,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Mapping
 
 from .config import (
     DEFAULT_NODES,
@@ -44,7 +45,6 @@ from .daemons import (
 from .files import link_etc_slurm, make_dirs, unlink_etc_slurm, write_client_wrappers, write_files
 from .net import net_down, net_intact, net_up, netns_pids, rewrite_hosts
 from .packages import ensure_packages, ensure_root
-from .users import ensure_users
 from .procs import _run, pid_alive, stop_pids
 from .report import _since, log
 
@@ -60,14 +60,21 @@ def state_nodes(state: dict | None) -> list[Node]:
     return [Node(*row) for row in (state or {}).get("nodes", [])]
 
 
-def running_settings(s: Settings) -> Settings:
-    """``s`` with the Slurm version (and root) of the lab its state file records: a shell that
-    did not set ELASTIC_RAY_LAB_SLURM still talks to a running 24.11 lab with 24.11's clients."""
+def running_settings(s: Settings, env: Mapping[str, str] | None = None) -> Settings:
+    """``s`` with the Slurm version, root and limits of the lab its state file records, for each
+    knob ``env`` (default: this process's environment) does not set: a shell (or a test, or a
+    repair in the middle of a fault scenario) that did not say which Slurm talks to the running
+    one with its clients, and ``up`` keeps it rather than restart it as the default."""
+    env = os.environ if env is None else env
     state = load_state(s) or {}
-    slurm, root = state.get("slurm"), state.get("slurm_root")
-    if not slurm or (slurm == s.slurm and (root is None or root == str(s.slurm_root))):
-        return s
-    return dataclasses.replace(s, slurm=slurm, slurm_root=Path(root) if root else s.slurm_root)
+    changes: dict = {}
+    if "ELASTIC_RAY_LAB_SLURM" not in env and state.get("slurm"):
+        changes["slurm"] = state["slurm"]
+        if "ELASTIC_RAY_LAB_SLURM_ROOT" not in env and state.get("slurm_root"):
+            changes["slurm_root"] = Path(state["slurm_root"])
+    if "ELASTIC_RAY_LAB_LIMITS" not in env and "limits" in state:
+        changes["limits"] = bool(state["limits"])
+    return dataclasses.replace(s, **changes) if changes else s
 
 
 def require_root() -> None:
@@ -156,14 +163,13 @@ def nodes() -> list[Node]:
 def up(n: int = DEFAULT_NODES) -> LabInfo:
     """Bring up an n-node lab, or repair the running one if it has the same layout."""
     t0 = time.monotonic()
-    s = settings_from_env()
+    s = running_settings(settings_from_env())   # a knob left unset keeps the running lab's choice
     require_root()
     for note in s.notes:
         log(note)
     s.log_dir.mkdir(parents=True, exist_ok=True)
     ensure_packages(s)
     ensure_root(s)
-    ensure_users()
 
     layout = compute_layout(n, s.subnet)
     mounts = Path("/proc/mounts").read_text()

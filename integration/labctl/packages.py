@@ -72,6 +72,7 @@ def ensure_packages(s: Settings) -> None:
 
 BUILD_ROOT = REPO / "integration" / "labctl" / "slurm2411" / "build-root.sh"
 ROOT_STAMP = ".elastic-ray-root"  # written last by ensure_root: a root without it is half-built
+ROOT_BUILDING = ".elastic-ray-root-building"  # next to the root, written first: only such a root is removed
 
 
 def root_ready(s: Settings) -> bool:
@@ -91,10 +92,15 @@ def ensure_root(s: Settings) -> None:
             env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
             if subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env).returncode:
                 raise LabError(f"{shlex.join(cmd)} failed", apt_log)
+    marker = s.slurm_root.parent / f"{s.slurm_root.name}{ROOT_BUILDING}"
     if s.slurm_root.exists():
-        log(f"removing the half-built root {s.slurm_root} (no {ROOT_STAMP})")
+        if not marker.exists() and any(s.slurm_root.iterdir()):
+            raise LabError(f"{s.slurm_root} is not empty and holds no Slurm 24.11 root of the lab's "
+                           f"(no {ROOT_STAMP}); set ELASTIC_RAY_LAB_SLURM_ROOT to a new directory")
+        log(f"removing the half-built root {s.slurm_root}")
         shutil.rmtree(s.slurm_root)
     s.slurm_root.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("a Slurm 24.11 root is being built next to this file (integration/labctl)\n")
     build_log = s.log_dir / "root-build.log"
     t0 = time.monotonic()
     log(f"building the Debian 13 root with Slurm 24.11 in {s.slurm_root} (once; about 2 minutes) ...")
@@ -106,4 +112,5 @@ def ensure_root(s: Settings) -> None:
     versions = subprocess.run(["chroot", str(s.slurm_root), "dpkg-query", "-W", "slurmctld", "slurmd", "munge"],
                               capture_output=True, text=True).stdout
     (s.slurm_root / ROOT_STAMP).write_text(versions)
+    marker.unlink(missing_ok=True)
     log(f"root built in {_since(t0)}: {' '.join(versions.split())}")

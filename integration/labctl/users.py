@@ -1,5 +1,7 @@
 """Two ordinary users on the lab, for tests that stand for user work (issue 25).
 
+Created by the tests that need them (``ensure_users``), not by ``lab up``.
+
 The lab's nodes share the host's /etc/passwd and filesystem (only /tmp, /var/tmp
 and /dev/shm are per node), so a user created here exists on every node, and
 its home is on the "shared filesystem" as on a real cluster. Created once with
@@ -37,7 +39,9 @@ def ensure_users() -> list[str]:
     """Create the lab's users that are missing; return their names."""
     made = []
     for name, uid in missing_users():
-        cmd = ["useradd", "--uid", str(uid), "--user-group", "--create-home", "--shell", "/bin/bash", name]
+        # HOME_MODE: a home others cannot read (Debian's default follows UMASK, 022 here).
+        cmd = ["useradd", "--uid", str(uid), "--user-group", "--create-home", "-K", "HOME_MODE=0700",
+               "--shell", "/bin/bash", name]
         cp = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
         if cp.returncode != 0:
             raise LabError(f"{' '.join(cmd)} failed: {(cp.stderr or cp.stdout).strip()}")
