@@ -51,7 +51,7 @@ def full() -> NodeState:
         ray_pid=4242, raylet_pid=4243, temp_dir="/tmp/er/abc/1", ray_address="10.0.0.2:6379",
         restarts=2, failures=1, next_retry_at=NOW + 8, gave_up_on="19", drain_deadline=NOW + 300,
         no_head_since=NOW - 60, pid_create_time=NOW - 100.5,
-        gpu_usage=GpuUsage(7200.0, 1800.0, 121, NOW - 3600, NOW - 5),
+        gpu_usage=GpuUsage(7200.0, 1800.0, 121, NOW - 3600, NOW - 5), oom_kills=2,
         requests=RequestCounts(accepted=7, rejected=2, rejected_by_reason={"bad_mac": 2}),
         hosted_head=HostedHead(HostedHeadState.READY, NOW - 30, address="10.0.0.2:6380"),
         history=("STARTING->JOINED: joined", "JOINED->DRAINING: drain request"),
@@ -71,8 +71,8 @@ def test_round_trip_through_json(state):
 
 def test_the_keys_on_disk_are_those_written_before_plus_the_version():
     data = full().to_dict()
-    # gpu_usage came later: optional on read (an older agent's file has none), always written.
-    assert set(data) == KEYS_BEFORE_THE_RECORD | {"protocol_version", "gpu_usage"}
+    # gpu_usage and oom_kills came later: optional on read (an older agent's file has none), always written.
+    assert set(data) == KEYS_BEFORE_THE_RECORD | {"protocol_version", "gpu_usage", "oom_kills"}
     assert data["protocol_version"] == PROTOCOL_VERSION
     assert data["state"] == "DRAINING" and data["hosted_head"] == {
         "state": "READY", "address": "10.0.0.2:6380", "at": NOW - 30}
@@ -134,7 +134,7 @@ WRONG_TYPES = {
     "ray_pid": "12", "raylet_pid": 1.5, "exit_code": "0",
     # containers and flags
     "ports": [], "requests": [], "hosted_head": "READY", "history": "x", "transitions": {}, "exited": 1,
-    "protocol_version": "1", "gpu_usage": "12 GPU-hours",
+    "protocol_version": "1", "gpu_usage": "12 GPU-hours", "oom_kills": 1.5,
 }
 
 
@@ -243,3 +243,12 @@ def test_a_file_of_an_agent_before_gpu_usage_still_reads():
     del data["gpu_usage"]
     assert NodeState.from_dict(data).gpu_usage is None
     assert NodeState.from_dict(full().to_dict()).gpu_usage == GpuUsage(7200.0, 1800.0, 121, NOW - 3600, NOW - 5)
+
+
+def test_a_file_of_an_agent_before_oom_kills_still_reads_and_a_negative_count_is_refused():
+    data = full().to_dict()
+    del data["oom_kills"]
+    assert NodeState.from_dict(data).oom_kills is None
+    assert NodeState.from_dict({**data, "oom_kills": None}).oom_kills is None
+    assert NodeState.from_dict(full().to_dict()).oom_kills == 2
+    _refused({**data, "oom_kills": -1}, "'oom_kills' must not be negative")

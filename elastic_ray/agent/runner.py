@@ -59,26 +59,14 @@ from .head.following import HeadFollower
 from .head.hosted import HostSettings
 from .head.hosted_head import HostedHead
 from .history import AgentHistory
+from .node.oom import OomCounter
 from .node.ray_load import GpuSampler
 from .limits import raise_nofile_limit
 from .node.local_ray import LocalRay, NodePlace, RayHandle
 from .head.node_gone import GoneReporter, MarkDeadService
 from .options import AgentOptions, hosts_head_at_start, load_allocation
-from .machine import (
-    Context,
-    DrainRay,
-    Event,
-    Exit,
-    PublishHead,
-    RayEnded,
-    Settings,
-    StartRay,
-    State,
-    StopRay,
-    Tick,
-    initial,
-    step,
-)
+from .machine import (Context, DrainRay, Event, Exit, PublishHead, RayEnded, Settings, StartRay, State, StopRay, Tick,
+                      initial, step)
 from .head.publishing import WRITE_RETRY_SECONDS, HeadPublishing, NodeFile
 from .head.rejoin_order import RejoinTurn, host_in
 from .slurm.signal_drain import DRAIN_SIGNALS, WalltimeWatch, drain_for_signal
@@ -128,6 +116,7 @@ class Agent:
         self.gpus = GpuSampler(lambda: (h.ports.get("metrics_export_port") if (h := self.ray) is not None and
                                         self.ctx.state is AgentState.JOINED else None),
                                interval=knobs.GPU_SAMPLE_INTERVAL.read(), host=place.node_ip)
+        self.oom = OomCounter(self._log)   # the job's OOM kills, read at each status write
         self.walltime = WalltimeWatch(self.info.scheduler, self.info.job_name, options.job_id,
                                       options.head_drain_lead, self._log, self._post_call)
         self.slurmd = SlurmdWatch.for_agent(self.info, options, self._log, self._post_call, self._feed)
@@ -484,7 +473,7 @@ class Agent:
             handover_deadline=self._handover[1] if self._handover else None,
             transitions=tuple(Transition.from_dict(t) for t in list(self.transitions)[-20:]),
             exited=self._exit_code is not None, exit_code=self._exit_code, gpu_usage=self.gpus.usage(),
-        )
+            oom_kills=self.oom.count())
 
     def _status(self) -> dict[str, Any]:
         """The node state as the control channel's ``status`` reply carries it."""

@@ -70,6 +70,8 @@ def node_shown_state(agent: str | None, job: JobInfo | None, exited: bool = Fals
         return "ENDING", "job COMPLETING"
     if state is JobState.SUSPENDED:
         return "SUSPENDED", "job SUSPENDED"
+    if state is JobState.OUT_OF_MEMORY:
+        return "ENDED", "job OUT_OF_MEMORY: a process went over the job's memory grant and the OOM killer ended it"
     return "ENDED", f"job {state.value}"
 
 
@@ -101,6 +103,9 @@ def _node_rows(info: JobInfo | None, states: Mapping[str, NodeState], now: float
             "agent_stale": (bool(agent) and not exited and age is not None and age > stale_after
                             and info is not None and info.state.is_active),
             "agent_updated_age": None if age is None else round(age, 1),
+            # Processes of the job the OOM killer ended, as the node's agent last counted them
+            # (agent.node.oom); None: not counted (no memory cgroup per job, or an older agent).
+            "oom_kills": None if state is None else state.oom_kills,
             # The head-only control plane this node hosts: READY (the run's head),
             # STANDBY (RayLauncher.standby_head), STARTING, FAILED; None: none.
             "hosted_head": None if state is None or state.hosted_head is None else state.hosted_head.state.value,

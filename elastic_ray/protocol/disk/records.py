@@ -781,6 +781,7 @@ class NodeState:
     exited: bool = False
     exit_code: int | None = None
     gpu_usage: GpuUsage | None = None     # optional on read: agents before it did not write it
+    oom_kills: int | None = None          # the job's OOM kills (agent.node.oom); None: unknown; optional on read
     protocol_version: int = PROTOCOL_VERSION
 
     def __post_init__(self) -> None:
@@ -809,6 +810,7 @@ class NodeState:
             "transitions": [t.to_dict() for t in self.transitions],
             "exited": self.exited, "exit_code": self.exit_code,
             "gpu_usage": None if self.gpu_usage is None else self.gpu_usage.to_dict(),
+            "oom_kills": self.oom_kills,
         }
 
     @classmethod
@@ -878,5 +880,6 @@ class NodeState:
             exit_code=_nullable(data, "exit_code", int),
             gpu_usage=None if _get(data, "gpu_usage", dict, optional=True) is None else _nested(
                 "gpu_usage", lambda: GpuUsage.from_dict(data["gpu_usage"])),
+            oom_kills=None if _get(data, "oom_kills", int, optional=True) is None else _count(data, "oom_kills"),
             protocol_version=version,
         )
