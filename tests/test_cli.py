@@ -232,10 +232,10 @@ def test_status_model_lists_every_job_with_role_state_nodes_and_drain():
     assert rows["21"]["nodes"] == [
         {"node": "gpua-1", "ray_node_id": "a" * 56, "node_state": "JOINED", "node_state_reason": "",
          "agent_state": "JOINED", "agent_exited": False, "agent_stale": False, "agent_updated_age": 2.0,
-         "hosted_head": None},
+         "oom_kills": None, "hosted_head": None},
         {"node": "gpua-2", "ray_node_id": None, "node_state": "RESTART_BACKOFF", "node_state_reason": "",
          "agent_state": "RESTART_BACKOFF", "agent_exited": False, "agent_stale": True, "agent_updated_age": 90.0,
-         "hosted_head": None}]
+         "oom_kills": None, "hosted_head": None}]
     # A node only the agent knows of (the job is gone from the scheduler) still shows.
     assert rows["23"]["nodes"][0]["node"] == "cpu-2" and rows["23"]["nodes"][0]["agent_exited"]
     assert rows["23"]["partition"] == "cpu"  # from the record when the scheduler forgot

@@ -99,7 +99,7 @@ def test_v1_counts_the_kills_of_the_job_and_every_step_below_it_and_logs_each_ri
                                       "slurm_n1/uid_0/job_12/step_0": 2, "slurm_n1/uid_0/job_99": 5,
                                       "slurm_n1/uid_0": 7})
     heard = []
-    counter = OomCounter(lambda event, **f: heard.append((event, f["kills"], f["new"])), proc_root=str(proc))
+    counter = OomCounter(lambda kills, new: heard.append(("oom_killed", kills, new)), proc_root=str(proc))
     assert counter.count() == 3                      # job_12 and its steps; not job_99, not the uid level
     assert counter.count() == 3
     assert heard == [("oom_killed", 3, 3)]
@@ -125,8 +125,10 @@ def test_no_job_cgroup_means_unknown_and_nothing_is_read(tmp_path):
 
 def test_a_job_that_ended_out_of_memory_says_why():
     job = JobInfo(job_id="12", name="w", state=JobState.OUT_OF_MEMORY)
-    shown, why = node_shown_state("JOINED", job)
-    assert shown == "ENDED" and why.startswith("job OUT_OF_MEMORY: ") and "memory grant" in why
+    assert node_shown_state("JOINED", job) == ("ENDED", "job OUT_OF_MEMORY")
+    assert oom_text([{"oom_kills": None}], "OUT_OF_MEMORY") == "went over its memory grant (OOM killer)"
+    assert oom_text([{"oom_kills": 1}], "OUT_OF_MEMORY").startswith("OOM killer ended 1 process ")
+    assert oom_text([{"oom_kills": None}], "FAILED") == ""
 
 
 @pytest.mark.parametrize("counts, expected", [

@@ -56,6 +56,10 @@ class AgentHistory:
     def started(self, pid: int) -> None:
         self._emit(EventKind.STARTED, role=self.role, pid=pid)
 
+    def oom_killed(self, kills: int, new: int) -> None:
+        """The kernel's OOM killer ended ``new`` more processes of this job on this node (``kills`` so far)."""
+        self._emit(EventKind.OOM_KILLED, reason="over the job's memory grant", kills=kills, new=new)
+
     def transition(self, previous: AgentState, new: AgentState, reason: str, *, head_job: str | None,
                    ray_node_id: str | None, hosted: bool = False, gpu_usage: GpuUsage | None = None) -> None:
         for kind in transition_kinds(previous, new):

@@ -116,7 +116,8 @@ class Agent:
         self.gpus = GpuSampler(lambda: (h.ports.get("metrics_export_port") if (h := self.ray) is not None and
                                         self.ctx.state is AgentState.JOINED else None),
                                interval=knobs.GPU_SAMPLE_INTERVAL.read(), host=place.node_ip)
-        self.oom = OomCounter(self._log)   # the job's OOM kills, read at each status write
+        self.oom = OomCounter(lambda kills, new: (self._log("oom_killed", kills=kills, new=new),  # at status writes
+                                                  self.history.oom_killed(kills, new)))
         self.walltime = WalltimeWatch(self.info.scheduler, self.info.job_name, options.job_id,
                                       options.head_drain_lead, self._log, self._post_call)
         self.slurmd = SlurmdWatch.for_agent(self.info, options, self._log, self._post_call, self._feed)

@@ -70,8 +70,6 @@ def node_shown_state(agent: str | None, job: JobInfo | None, exited: bool = Fals
         return "ENDING", "job COMPLETING"
     if state is JobState.SUSPENDED:
         return "SUSPENDED", "job SUSPENDED"
-    if state is JobState.OUT_OF_MEMORY:
-        return "ENDED", "job OUT_OF_MEMORY: a process went over the job's memory grant and the OOM killer ended it"
     return "ENDED", f"job {state.value}"
 
 

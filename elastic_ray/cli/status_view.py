@@ -84,12 +84,12 @@ def _hosted_text(nodes: list[Mapping[str, Any]], now: float) -> str:
     return f"hosted head FAILED {count}x in a row{f' ({why})' if why else ''}; a standby's next try {when}"
 
 
-def oom_text(nodes: list[Mapping[str, Any]]) -> str:
+def oom_text(nodes: list[Mapping[str, Any]], job_state: str = "RUNNING") -> str:
     """A note for processes of the job that the OOM killer ended (each node's agent
-    counts its own node's part of the job)."""
+    counts its own node's part of the job), or for a job Slurm ended for it."""
     kills = sum(n.get("oom_kills") or 0 for n in nodes)
     if not kills:
-        return ""
+        return "went over its memory grant (OOM killer)" if job_state == "OUT_OF_MEMORY" else ""
     return f"OOM killer ended {kills} process{'es' if kills > 1 else ''} of this job (over its memory grant)"
 
 
@@ -192,7 +192,7 @@ def render_status(status: Mapping[str, Any]) -> Group:
         failure = _failure_text(row.get("failure"))
         drain = _drain_text(row["drain"], row["state"], now)
         notes = "; ".join(t for t in (drain, failure,
-                                      _hosted_text(nodes, now), oom_text(nodes),
+                                      _hosted_text(nodes, now), oom_text(nodes, row["state"]),
                                       f"reason: {reason}" if len(reason) > SHORT_REASON else "") if t)
         table.add_row(
             row["role"], row["job_id"], row["partition"] or "-", state,

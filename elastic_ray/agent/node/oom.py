@@ -103,12 +103,12 @@ def oom_kills(counter_text: str) -> int | None:
 
 class OomCounter:
     """The job's OOM kills, read on demand (a few small files; the agent asks at
-    each status rewrite). ``log`` hears ``oom_killed`` each time the count
-    rose since the last read, so the session's event log dates the kills to
-    within one status period."""
+    each status rewrite). ``on_kill(kills, new)`` is called each time the
+    count rose since the last read, so the session's event log dates the
+    kills to within one status period."""
 
-    def __init__(self, log: Callable[..., None] | None = None, proc_root: str = "/proc/self") -> None:
-        self.log = log
+    def __init__(self, on_kill: Callable[[int, int], None] | None = None, proc_root: str = "/proc/self") -> None:
+        self.on_kill = on_kill
         self.last: int | None = None
         try:
             with open(f"{proc_root}/cgroup") as a, open(f"{proc_root}/mountinfo") as b:
@@ -119,8 +119,8 @@ class OomCounter:
     def count(self) -> int | None:
         """Kills so far in the job's cgroup and below it; None when unknown."""
         now = self._read()
-        if now is not None and self.log is not None and now > (self.last or 0):
-            self.log("oom_killed", kills=now, new=now - (self.last or 0), cgroup=str(self.job.path if self.job else ""))
+        if now is not None and self.on_kill is not None and now > (self.last or 0):
+            self.on_kill(now, now - (self.last or 0))
         if now is not None:
             self.last = now
         return now

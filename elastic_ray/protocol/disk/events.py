@@ -91,6 +91,7 @@ class EventKind(str, enum.Enum):
     SCALER_DECISION = "scaler_decision"      # one choice of the autoscaler, with its reason (issue 23)
     AUTOSCALE_POLICY = "autoscale_policy"    # a policy was set, or scaling stopped
     AUTOSCALE_LEASE = "autoscale_lease"      # a process began (or stopped) running the autoscaler
+    OOM_KILLED = "oom_killed"                # the OOM killer ended processes of the job on a node (``kills``, ``new``)
     PAYLOAD_STARTED = "payload_started"      # a driver or Dagster step began on the run
     PAYLOAD_FINISHED = "payload_finished"
     SESSION_ENDED = "session_ended"
