@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_ray import Session, SlurmRunAllocationConfig
+from elastic_ray import PayloadFailed, Session, SlurmRunAllocationConfig
 from elastic_ray.config.launcher import RayLauncher
 from elastic_ray.protocol.disk import event_log
 from elastic_ray.protocol.disk.events import EventKind
@@ -92,12 +92,16 @@ def kernel_oom_kills(job: str) -> int:
 
 
 def run_driver(session: Session, code: str, timeout: float) -> tuple[int, str, str]:
+    """The driver's exit code (a failed one too), its stdout and its stderr."""
     out = session.path / f"driver-{uuid.uuid4().hex[:6]}.out"
     err = out.with_suffix(".err")
     with open(out, "w") as o, open(err, "w") as e:
         run = session.run([sys.executable, "-c", textwrap.dedent(code)], stdout=o, stderr=e)
-        code_ = run.wait(timeout=timeout)
-    return code_, out.read_text(), err.read_text()
+        try:
+            rc = run.wait(timeout=timeout).returncode
+        except PayloadFailed as failed:
+            rc = failed.returncode
+    return rc, out.read_text(), err.read_text()
 
 
 FILL = """
@@ -105,7 +109,6 @@ import hashlib, json, re
 import numpy as np
 import ray
 ray.init()
-here = ray.get_runtime_context().get_node_id()
 nodes = [n for n in ray.nodes() if n["Alive"]]
 store = sum(n["Resources"].get("object_store_memory", 0) for n in nodes)
 sized = [{"memory": n["Resources"].get("memory", 0), "store": n["Resources"].get("object_store_memory", 0),
