@@ -196,11 +196,26 @@ class SlurmStepDrained(SlurmAllocationEnded):
 
 
 class PayloadFailed(ElasticRayError):
-    """The driver exited non-zero while its head stayed healthy."""
+    """The driver exited non-zero while its head stayed healthy.
 
-    def __init__(self, returncode: int, argv: Sequence[str]):
+    ``step_state`` is how the scheduler's accounting says the driver's step
+    ended, where it keeps one (``OUT_OF_MEMORY``: the OOM killer ended it for
+    going over the allocation's memory grant; Slurm's srun exits 1 then, like
+    any failure), and ``step`` that step's id; both None where not known.
+    """
+
+    def __init__(self, returncode: int, argv: Sequence[str], *, step_state: str | None = None,
+                 step: str | None = None):
         self.returncode = returncode
-        super().__init__(f"payload {' '.join(argv)!r} exited with {returncode}")
+        self.step_state = step_state
+        self.step = step
+        why = ""
+        if step_state == "OUT_OF_MEMORY":
+            why = (f": the OOM killer ended it (its step {step} went over the head allocation's memory grant; "
+                   f"Slurm says OUT_OF_MEMORY)")
+        elif step_state:
+            why = f" (its step {step} ended {step_state})"
+        super().__init__(f"payload {' '.join(argv)!r} exited with {returncode}{why}")
 
 
 class SessionFileError(ConfigError):

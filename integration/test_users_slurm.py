@@ -293,7 +293,7 @@ def test_two_users_on_the_same_nodes_fail_over_and_cannot_touch_each_other(users
 
 def stage(where: Path, files: dict[str, str]) -> Path:
     """Files a user copies from: root's, readable by all, on the lab's shared filesystem."""
-    where.mkdir(parents=True)
+    where.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (where / name).write_text(text)
         os.chmod(where / name, 0o644)

@@ -94,7 +94,8 @@ TARGET = SshTarget(host="login.example.org", user="alice", port=2222)
 
 # (error, its message, its attributes): what each constructor made before the move.
 MADE = [
-    (errors.PayloadFailed(3, ["python", "x.py"]), "payload 'python x.py' exited with 3", {"returncode": 3}),
+    (errors.PayloadFailed(3, ["python", "x.py"]), "payload 'python x.py' exited with 3",
+     {"returncode": 3, "step_state": None, "step": None}),
     (errors.SessionFileError("s.toml", "head.mem", "lots", "must be a memory size"),
      "s.toml: head.mem: must be a memory size",
      {"file": "s.toml", "field": "head.mem", "value": "lots", "reason": "must be a memory size"}),
@@ -138,7 +139,8 @@ def test_the_moved_constructors_make_what_they_made(exc, message, attrs):
 
 # The constructors' parameters, as they were where each class was first defined.
 SIGNATURES = {
-    "PayloadFailed": "(returncode, argv)",
+    # Keyword-only additions since (issue 25: how the driver's step ended) leave every old call valid.
+    "PayloadFailed": "(returncode, argv, *, step_state=None, step=None)",
     "SessionFileError": "(file, field, value, reason)",
     "WaitTimeout": "(what, timeout, last)",
     "FrameRejected": "(reason, detail='')",

@@ -22,6 +22,7 @@ SAMPLES = [
     errors.SlurmAllocationEnded("head 7 is REPLACED", allocation_state="REPLACED", job_id="7"),
     errors.SlurmStepDrained("head 7 drains", job_id="7"),
     PayloadFailed(3, ["python", "x.py"]),
+    PayloadFailed(1, ["python", "x.py"], step_state="OUT_OF_MEMORY", step="12.3"),
     WaitTimeout("head ready", 30.0, "PENDING"),
     TimeoutError("driver still running after 5s; stopped it"),
     ValueError("argv: must be a non-empty list of strings"),

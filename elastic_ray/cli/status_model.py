@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from .. import defaults
 from ..coordinator.allocations.failures import failures_of
 from ..coordinator.head.headwatch import HeadObservation
 from ..coordinator.head.standby_retry import next_try_at
+from ..protocol.disk.events import Event, EventKind, EventSource
 from ..protocol.disk.records import AllocationRecord, HeadEndpoint, NodeState, SessionInfo, WorkerRecord
 from ..scheduler.base import JobInfo, JobState
 from .dashboard_model import locate_dashboard, status_line
@@ -221,6 +222,16 @@ def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecor
         "active_jobs": sum(1 for r in rows if r["state"] in ACTIVE_STATES),
         "observed_at": now,
     }
+
+
+def driver_oom_steps(events: Iterable[Event]) -> dict[str, list[str]]:
+    """Pure: by head job, the payload driver steps the OOM killer ended (the coordinator's
+    ``oom_killed`` events, written when a failed driver's step ended OUT_OF_MEMORY)."""
+    found: dict[str, list[str]] = {}
+    for event in events:
+        if event.kind is EventKind.OOM_KILLED and event.by is EventSource.COORDINATOR and event.job:
+            found.setdefault(event.job, []).append(str(event.details.get("step") or "?"))
+    return found
 
 
 def _dashboard(pointer: str | None, endpoint: HeadEndpoint | None, launcher: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ same model serves ``--json`` and the table.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich import box
@@ -84,13 +84,20 @@ def _hosted_text(nodes: list[Mapping[str, Any]], now: float) -> str:
     return f"hosted head FAILED {count}x in a row{f' ({why})' if why else ''}; a standby's next try {when}"
 
 
-def oom_text(nodes: list[Mapping[str, Any]], job_state: str = "RUNNING") -> str:
+def oom_text(nodes: list[Mapping[str, Any]], job_state: str = "RUNNING", driver_steps: Sequence[str] = ()) -> str:
     """A note for processes of the job that the OOM killer ended (each node's agent
-    counts its own node's part of the job), or for a job Slurm ended for it."""
+    counts its own node's part of the job), for a job Slurm ended for it, and for
+    payload drivers' steps on it that Slurm ended OUT_OF_MEMORY."""
     kills = sum(n.get("oom_kills") or 0 for n in nodes)
-    if not kills:
-        return "went over its memory grant (OOM killer)" if job_state == "OUT_OF_MEMORY" else ""
-    return f"OOM killer ended {kills} process{'es' if kills > 1 else ''} of this job (over its memory grant)"
+    parts = []
+    if kills:
+        parts.append(f"OOM killer ended {kills} process{'es' if kills > 1 else ''} of this job (over its memory grant)")
+    elif job_state == "OUT_OF_MEMORY":
+        parts.append("went over its memory grant (OOM killer)")
+    if driver_steps:
+        parts.append(f"payload driver step{'s' if len(driver_steps) > 1 else ''} {', '.join(driver_steps)} "
+                     f"ended OUT_OF_MEMORY (over the grant; OOM killer)")
+    return "; ".join(parts)
 
 
 def _failure_text(failure: Mapping[str, Any] | None) -> str:
@@ -192,7 +199,7 @@ def render_status(status: Mapping[str, Any]) -> Group:
         failure = _failure_text(row.get("failure"))
         drain = _drain_text(row["drain"], row["state"], now)
         notes = "; ".join(t for t in (drain, failure,
-                                      _hosted_text(nodes, now), oom_text(nodes, row["state"]),
+                                      _hosted_text(nodes, now), oom_text(nodes, row["state"], row.get("driver_oom_steps") or ()),
                                       f"reason: {reason}" if len(reason) > SHORT_REASON else "") if t)
         table.add_row(
             row["role"], row["job_id"], row["partition"] or "-", state,

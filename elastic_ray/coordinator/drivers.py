@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from .. import knobs
 from ..config.slurm_values import parse_signal
 # Defined in errors (its docstring says why); ``X as X`` keeps it importable from here, for type checkers too.
 from ..errors import PayloadFailed as PayloadFailed
-from ..errors import SlurmAllocationEnded, SlurmStepDrained
+from ..errors import ElasticRayError, SlurmAllocationEnded, SlurmStepDrained
 from ..polling import wait_for
 from ..protocol.disk import event_log
 from ..protocol.disk.events import EventKind, EventSource
@@ -61,6 +62,8 @@ SIGNAL_EARLY = 35.0
 # heartbeat to say it drains (its agent asks the scheduler why it got the signal).
 DRAIN_NEWS_WAIT = 5.0
 DRAIN_NEWS_STEP = 0.5   # between two looks at the heartbeat and the node file
+# A failed driver's step: how long accounting may take to list how it ended (slurmdbd hears a moment later).
+STEP_END_WAIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -86,16 +89,23 @@ def driver_environ(inherited: Mapping[str, str], caller: Mapping[str, str], *, k
     return out
 
 
-def driver_argv(kind: str, head_job: str, argv: Sequence[str]) -> list[str]:
+def driver_argv(kind: str, head_job: str, argv: Sequence[str], step_name: str | None = None) -> list[str]:
     """Pure: how a driver is started for each scheduler kind."""
     if kind == "slurm":
         # One task on the head allocation's first node, sharing its CPUs with
-        # the agent (--overlap); killed if the step's task dies.
+        # the agent (--overlap); killed if the step's task dies. The step's
+        # own name is how its end is found in accounting afterwards.
+        named = [f"--job-name={step_name}"] if step_name else []
         return ["srun", f"--jobid={head_job}", "--overlap", "--nodes=1", "--ntasks=1", "--quiet",
-                "--kill-on-bad-exit=1", *argv]
+                "--kill-on-bad-exit=1", *named, *argv]
     # Started from the caller's process: through clean_exec, so a SIGTERM its parent left ignored
     # (Dagster's step handlers can) does not keep the driver from stopping when asked.
     return [sys.executable, "-m", "elastic_ray.clean_exec", *argv]
+
+
+def oom_step(states: Mapping[str, JobState] | None) -> str | None:
+    """Pure: the id of a step that ended OUT_OF_MEMORY among a driver's steps' states, or None."""
+    return next((step for step, state in sorted((states or {}).items()) if state is JobState.OUT_OF_MEMORY), None)
 
 
 def drained_head_handed_over(gone: str, head_state: JobState | None) -> bool:
@@ -137,7 +147,9 @@ class PayloadRun:
                                       "RAY_ADDRESS": head.address, knobs.SESSION.name: str(session.path),
                                       knobs.HEAD_JOB.name: head.job_id, "RAY_USAGE_STATS_ENABLED": "0"})
         self.started = time.time()
-        self.proc = subprocess.Popen(driver_argv(session.info.scheduler["kind"], head.job_id, self.argv),
+        self.step_name = f"er-driver-{secrets.token_hex(4)}"
+        self.proc = subprocess.Popen(driver_argv(session.info.scheduler["kind"], head.job_id, self.argv,
+                                                 self.step_name),
                                      env=full_env, stdout=stdout, stderr=stderr, start_new_session=True)
         self._drained = False
         self._signal = self._head_signal()
@@ -230,6 +242,45 @@ class PayloadRun:
                                 f"(exit {self.proc.returncode if rc is None else rc}){after}",
                                 job_id=self.head.job_id)
 
+    def _step_end(self) -> tuple[str, str] | None:
+        """How the driver's step ended, from the scheduler's accounting: (step id, state), or None
+        (no accounting, not listed within a few seconds, or an answer that cannot be had)."""
+        if self.session.info.scheduler["kind"] != "slurm":
+            return None
+
+        seen: list[dict[str, JobState] | None] = [{}]
+
+        def listed() -> bool:
+            """Done once the step's end is listed, or accounting is off (None)."""
+            seen[0] = self.session.scheduler.step_states(self.head.job_id, self.step_name)
+            return seen[0] is None or any(state.is_final for state in seen[0].values())
+
+        try:
+            wait_for(listed, timeout=STEP_END_WAIT, interval=CHECK_INTERVAL, raising=False)
+            states = seen[0]
+        except ElasticRayError as exc:
+            log.warning("event=driver_step_unknown session=%s head=%s error=%r", self.session.job_name,
+                        self.head.job_id, str(exc)[:200])
+            return None
+        if (step := oom_step(states)) is not None:
+            return step, JobState.OUT_OF_MEMORY.value
+        final = sorted((step, state.value) for step, state in (states or {}).items() if state.is_final)
+        return final[-1] if final else None
+
+    def _failed(self, rc: int) -> PayloadFailed:
+        """The error for a driver that exited ``rc`` != 0, with how its step ended where known; the
+        OOM killer's part goes to the event log too (``session status`` shows it on the head's row)."""
+        ended = self._step_end()
+        if ended is None:
+            return PayloadFailed(rc, self.argv)
+        step, state = ended
+        if state == JobState.OUT_OF_MEMORY.value:
+            log.warning("event=driver_oom_killed session=%s head=%s step=%s", self.session.job_name,
+                        self.head.job_id, step)
+            event_log.emit(self.session.path, EventKind.OOM_KILLED, EventSource.COORDINATOR, job=self.head.job_id,
+                           step=step, name=os.path.basename(self.argv[0]) if self.argv else None)
+        return PayloadFailed(rc, self.argv, step_state=state, step=step)
+
     def wait(self, timeout: float | None = None) -> RunResult:
         next_scheduler_check = 0.0
 
@@ -270,7 +321,7 @@ class PayloadRun:
             if self._drained:
                 raise self._step_drained(rc, None)
             if rc != 0:
-                raise PayloadFailed(rc, self.argv)
+                raise self._failed(rc)
             return RunResult(rc, self.head.job_id, time.time() - self.started)
 
         try:

@@ -223,6 +223,13 @@ class Scheduler(ABC):
         or None when it keeps none (Slurm without accounting storage, the local scheduler)."""
         return None
 
+    def step_states(self, job_id: str, step_name: str) -> "dict[str, JobState] | None":
+        """The states the scheduler's accounting recorded for the steps of ``job_id`` named
+        ``step_name``, by step id (``12.3``); None when it keeps none (the local scheduler,
+        Slurm without accounting storage). How a payload driver's step ended: a non-zero
+        exit alone does not say that the OOM killer ended it (srun exits 1 then)."""
+        return None
+
     def time_left(self, info: JobInfo, now: float) -> float | None:
         """Seconds left before the end time, never negative; None if unknown."""
         if info.end_time is None or math.isinf(info.end_time):

@@ -30,13 +30,15 @@ from pathlib import Path
 from ..config.scheduler_choice import SchedulerKind
 from ..config.slurm_values import check_job_id, check_job_name
 from ..errors import SchedulerError
-from .base import JobInfo, JobSpec, Scheduler, current_user
+from .base import JobInfo, JobSpec, JobState, Scheduler, current_user
 from .render import render_batch_script
 from .slurm_parse import (
     ACCOUNTING_DISABLED,
     SACCT_FIELDS,
+    STEP_FIELDS,
     USAGE_FIELDS,
     JobAccounting,
+    parse_step_states,
     parse_usage_output,
     child_env,
     ended_unknown,
@@ -246,6 +248,15 @@ class SlurmScheduler(Scheduler):
             return {}
         out = self._sacct_lines(USAGE_FIELDS, ids, steps=True)   # the job's line sums its steps' CPU time
         return None if out is None else parse_usage_output(out, ids)
+
+    def step_states(self, job_id: str, step_name: str) -> dict[str, JobState] | None:
+        """sacct's states of the steps of ``job_id`` named ``step_name``; None when accounting is off.
+        A step that ended a moment ago may not be listed yet (slurmdbd hears of it a little later)."""
+        job_id = check_job_id(job_id)
+        if self._accounting is False:
+            return None
+        out = self._sacct_lines(STEP_FIELDS, [job_id], steps=True)
+        return None if out is None else parse_step_states(out, job_id, step_name)
 
     def end_time(self, job_id: str, job_name: str | None = None) -> float | None:
         """The job's end time (expected while it runs, actual once it ended).

@@ -482,3 +482,25 @@ def parse_usage_output(stdout: str, job_ids: Iterable[str]) -> dict[str, JobAcco
             record = replace(record, cpu_seconds_used=None)
         found[job] = record
     return found
+
+
+STEP_FIELDS = ("JobID", "State", "JobName")
+
+
+def parse_step_states(stdout: str, job_id: str, step_name: str) -> dict[str, JobState]:
+    """``sacct -n -P --format=STEP_FIELDS`` lines (steps included): the state of each step
+    of ``job_id`` named ``step_name``, by step id. The job's own line, its batch and extern
+    steps and other steps are left out; the name comes last (a '|' in it shifts nothing)."""
+    found: dict[str, JobState] = {}
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", len(STEP_FIELDS) - 1)
+        if len(parts) != len(STEP_FIELDS):
+            raise ValueError(f"expected {len(STEP_FIELDS)} '|'-separated fields from sacct, got {line!r}")
+        step, raw_state, name = (p.strip() for p in parts)
+        head, _, index = step.partition(".")
+        if head != job_id or not index.isdigit() or name != step_name:
+            continue
+        found[step] = translate_state(raw_state)   # "CANCELLED by 0" and the like too
+    return found
