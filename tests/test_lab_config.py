@@ -553,13 +553,15 @@ def test_the_memory_controller_is_looked_for_in_cgroup_v1_mounts():
     assert not config.has_v1_controller("cgroup2 /sys/fs/cgroup cgroup2 rw,memory 0 0\n", "memory")
 
 
-def test_a_knob_left_unset_keeps_the_running_lab_s_choice(tmp_path):
+def test_a_knob_left_unset_keeps_the_running_lab_s_choice_and_a_lab_brought_down_chose_nothing(tmp_path):
     import json
     from dataclasses import replace
     from integration.labctl.lifecycle import running_settings
     s = replace(settings(lab_dir=tmp_path), slurm_root=ROOT24)
     assert running_settings(s, env={}) == s                        # no lab on record: as given
     (tmp_path / "lab.json").write_text(json.dumps({"slurm": "24.11", "slurm_root": "/srv/other", "limits": True}))
+    assert running_settings(s, env={}) == s                        # recorded, but brought down (no PID dir)
+    s.pid_dir.mkdir()                                              # up, or crashed: not brought down
     kept = running_settings(s, env={})
     assert (kept.slurm, kept.slurm_root, kept.limits) == ("24.11", Path("/srv/other"), True)
     # A knob that is set wins: `ELASTIC_RAY_LAB_SLURM=22.05 lab up` restarts the lab as 22.05.

@@ -64,9 +64,14 @@ def running_settings(s: Settings, env: Mapping[str, str] | None = None) -> Setti
     """``s`` with the Slurm version, root and limits of the lab its state file records, for each
     knob ``env`` (default: this process's environment) does not set: a shell (or a test, or a
     repair in the middle of a fault scenario) that did not say which Slurm talks to the running
-    one with its clients, and ``up`` keeps it rather than restart it as the default."""
+    one with its clients, and ``up`` keeps it rather than restart it as the default.
+
+    Only a lab that was not brought down counts (its PID directory is there: ``down`` removes it,
+    a crash or a killed slurmctld does not). The state file outlives ``down`` on purpose, but a lab
+    brought down chose nothing for the next one: after ``scripts/lab-variants`` (which ends on
+    24.11) a plain ``lab up`` is the default lab again, not a silent 24.11 one."""
     env = os.environ if env is None else env
-    state = load_state(s) or {}
+    state = (load_state(s) or {}) if s.pid_dir.is_dir() else {}
     changes: dict = {}
     if "ELASTIC_RAY_LAB_SLURM" not in env and state.get("slurm"):
         changes["slurm"] = state["slurm"]
