@@ -14,7 +14,7 @@ import calendar
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from ..config.slurm_values import expand_hostlist, is_job_id, signal_name
@@ -231,6 +231,19 @@ SACCT_FIELDS = ("JobID", "State", "Partition", "NodeList", "Submit", "Start", "E
 ACCOUNTING_DISABLED = "accounting storage is disabled"
 
 
+def sacct_rows(stdout: str, fields: tuple[str, ...]) -> Iterator[dict[str, str]]:
+    """The non-blank lines of ``sacct -n -P --format=<fields>`` as field -> raw text. The last
+    field takes whatever '|' is left (a job name may hold one); a line with fewer fields is a
+    ValueError, not a guess."""
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", len(fields) - 1)
+        if len(parts) != len(fields):
+            raise ValueError(f"expected {len(fields)} '|'-separated fields from sacct, got {line!r}")
+        yield dict(zip(fields, parts))
+
+
 def parse_sacct_output(stdout: str, job_ids: Iterable[str]) -> dict[str, JobInfo]:
     """``sacct -X -n -P --format=SACCT_FIELDS`` lines for the wanted ids.
 
@@ -239,13 +252,7 @@ def parse_sacct_output(stdout: str, job_ids: Iterable[str]) -> dict[str, JobInfo
     """
     wanted = set(job_ids)
     jobs: dict[str, JobInfo] = {}
-    for line in stdout.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split("|", len(SACCT_FIELDS) - 1)
-        if len(parts) != len(SACCT_FIELDS):
-            raise ValueError(f"expected {len(SACCT_FIELDS)} '|'-separated fields from sacct, got {line!r}")
-        row = dict(zip(SACCT_FIELDS, parts))
+    for row in sacct_rows(stdout, SACCT_FIELDS):
         job_id = row["JobID"].strip()
         if job_id not in wanted:
             continue
@@ -492,13 +499,8 @@ def parse_step_states(stdout: str, job_id: str, step_name: str) -> dict[str, Job
     of ``job_id`` named ``step_name``, by step id. The job's own line, its batch and extern
     steps and other steps are left out; the name comes last (a '|' in it shifts nothing)."""
     found: dict[str, JobState] = {}
-    for line in stdout.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split("|", len(STEP_FIELDS) - 1)
-        if len(parts) != len(STEP_FIELDS):
-            raise ValueError(f"expected {len(STEP_FIELDS)} '|'-separated fields from sacct, got {line!r}")
-        step, raw_state, name = (p.strip() for p in parts)
+    for row in sacct_rows(stdout, STEP_FIELDS):
+        step, raw_state, name = (row[f].strip() for f in STEP_FIELDS)
         head, _, index = step.partition(".")
         if head != job_id or not index.isdigit() or name != step_name:
             continue
