@@ -248,16 +248,11 @@ class PayloadRun:
         if self.session.info.scheduler["kind"] != "slurm":
             return None
 
-        seen: list[dict[str, JobState] | None] = [{}]
-
-        def listed() -> bool:
-            """Done once the step's end is listed, or accounting is off (None)."""
-            seen[0] = self.session.scheduler.step_states(self.head.job_id, self.step_name)
-            return seen[0] is None or any(state.is_final for state in seen[0].values())
-
         try:
-            wait_for(listed, timeout=STEP_END_WAIT, interval=CHECK_INTERVAL, raising=False)
-            states = seen[0]
+            # Done once the step's end is listed, or accounting is off (None); a timeout is None too.
+            states = wait_for(lambda: self.session.scheduler.step_states(self.head.job_id, self.step_name),
+                              done=lambda found: found is None or any(s.is_final for s in found.values()),
+                              timeout=STEP_END_WAIT, interval=CHECK_INTERVAL, raising=False)
         except ElasticRayError as exc:
             log.warning("event=driver_step_unknown session=%s head=%s error=%r", self.session.job_name,
                         self.head.job_id, str(exc)[:200])
