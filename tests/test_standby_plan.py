@@ -96,7 +96,7 @@ def plan(record, answer, published, launcher=ON):
 
 CASES = [
     # --- nothing to do
-    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10")), RayLauncher(),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10")), RayLauncher(standby_head=False),
                  StandbyPlan(None), id="off"),
     pytest.param(rec(), jobs(J("1")), nodes(), ON, StandbyPlan(None), id="no-workers-separate-head"),
     pytest.param(rec(W("10"), head=None), jobs(J("10")), nodes(first("10")), ON, StandbyPlan(None),
@@ -217,10 +217,26 @@ def test_the_plan_sits_on_the_elections_pick():
 def test_a_fixed_port_launcher_cannot_keep_a_standby():
     with pytest.raises(ConfigError, match="standby_head"):
         RayLauncher(port_strategy="fixed", standby_head=True)
-    with pytest.raises(ConfigError, match="standby_head=1: must be True or False"):
+    with pytest.raises(ConfigError, match="standby_head=1: must be True, False or None"):
         RayLauncher(standby_head=1)
     assert RayLauncher.from_dict(ON.to_dict()) == ON and ON.to_dict()["standby_head"] is True
     assert RayLauncher(port_strategy="hash_jobid", standby_head=True).standby_head
+
+
+@pytest.mark.parametrize("given, strategy, resolved", [
+    (None, "random", True),        # the default launcher keeps a standby
+    (None, "hash_jobid", True),
+    (None, "fixed", False),        # a worker node cannot host a head: off, no error
+    (False, "random", False),      # the user's off switch
+    (True, "random", True),
+])
+def test_the_default_keeps_a_standby_where_a_worker_node_can_host_a_head(given, strategy, resolved):
+    launcher = RayLauncher(port_strategy=strategy, standby_head=given)
+    assert launcher.standby_head is resolved
+    # Resolved once: session.json stores the choice, and reading it back keeps it.
+    assert launcher.to_dict()["standby_head"] is resolved
+    assert RayLauncher.from_dict(launcher.to_dict()) == launcher
+    assert RayLauncher().standby_head is True
 
 
 def test_first_node_is_the_running_agent_of_node_zero():
@@ -308,7 +324,7 @@ def test_a_look_that_raises_is_not_repeated_at_once():
 
 
 def test_only_a_standby_launcher_gets_a_keeper():
-    assert standby.keeper(FakeSession(rec(), {}, {}, RayLauncher()), 30.0) is None
+    assert standby.keeper(FakeSession(rec(), {}, {}, RayLauncher(standby_head=False)), 30.0) is None
     assert isinstance(standby.keeper(FakeSession(rec(), {}, {}), 30.0), StandbyKeeper)
 
 

@@ -81,17 +81,20 @@ class RayLauncher:
     support (bench/bench_net_cut.py). A ``RAY_grpc_*keepalive*`` variable in
     ``env`` (or a driver's environment) wins over it.
 
-    ``standby_head`` (default False) keeps a warm standby head: a head-only
-    Ray control plane (GCS and a raylet with 0 CPUs and 0 GPUs) already
-    running, unpublished, on the first node of the worker allocation the
-    next election would pick. An election that picks it only publishes it,
-    so a lost head is replaced without waiting for a ``ray start --head``
+    ``standby_head`` (default None: on wherever a worker node can host a
+    head, that is with ``port_strategy`` ``random`` (the default) or
+    ``hash_jobid``; off with ``fixed``) keeps a warm standby head: a
+    head-only Ray control plane (GCS and a raylet with 0 CPUs and 0 GPUs)
+    already running, unpublished, on the first node of the worker allocation
+    the next election would pick. An election that picks it only publishes
+    it, so a lost head is replaced without waiting for a ``ray start --head``
     (seconds on a busy node). Its cost: one more idle control plane on one
-    node of the run (the memory share of a hosted head on that node, and its
-    processes). The session's supervisor places it at its checks (every
-    30 s, and once at start), so a head lost before the first check after a
-    worker allocation joined gains nothing. Needs a port strategy that lets
-    a worker node host a head (``random`` or ``hash_jobid``).
+    node of the run, inside the memory share that node holds back for a
+    hosted head anyway, and its processes. The session's supervisor places
+    it (once a worker allocation's first node joined, then at its checks),
+    so a run without a supervisor, or a head lost before the standby is up,
+    gains nothing. ``False`` turns it off; ``True`` with ``fixed`` is an
+    error. The choice is resolved here, so ``session.json`` stores it.
     """
 
     num_gpus_per_node: int = 0
@@ -107,7 +110,7 @@ class RayLauncher:
     python_executable: str | None = None
     network_interface: str | None = None
     node_ip_address_command: str | None = None
-    standby_head: bool = False
+    standby_head: bool | None = None
     network_keepalive_ms: int | None = None
 
     def __post_init__(self) -> None:
@@ -159,8 +162,10 @@ class RayLauncher:
                                       or not 500 <= keepalive <= 600_000):
             raise ConfigError("network_keepalive_ms", keepalive,
                               "must be a whole number of milliseconds from 500 to 600000, or None (Ray's own)")
+        if self.standby_head is None:
+            set_("standby_head", self.can_host_elected_head)
         if not isinstance(self.standby_head, bool):
-            raise ConfigError("standby_head", self.standby_head, "must be True or False")
+            raise ConfigError("standby_head", self.standby_head, "must be True, False or None (on where it can be)")
         if self.standby_head and not self.can_host_elected_head:
             raise ConfigError("standby_head", self.standby_head,
                               f"needs a port strategy that can host a head (random or hash_jobid), "
