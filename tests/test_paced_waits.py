@@ -269,6 +269,36 @@ def test_a_head_cancelled_a_moment_ago_is_not_handed_out_on_a_shared_answer(quic
     assert s.asked == [pacing.WATCH_MAX_AGE, 0.0, pacing.WATCH_MAX_AGE, 0.0]
 
 
+def test_no_head_no_worker_and_a_refused_submission_raise_at_once_naming_all_three(quick, tmp_path):
+    """Issue 24: the head lost, the last worker allocation gone, and the
+    scheduler refusing a new head allocation (its partition inactive):
+    replace_head() raises, naming each, instead of waiting out its timeout."""
+    from elastic_ray.config.launcher import RayLauncher
+    from elastic_ray.errors import SchedulerError
+
+    s = _FakeSession(shared={"31": _info("31", JobState.CANCELLED)}, fresh={"31": _info("31", JobState.CANCELLED)},
+                     claim_held=True)
+    s.dir = SessionDir.create(tmp_path / "sess", SessionInfo(
+        session_id="s-1", job_name="er-x", created_at=1.0, scheduler={"kind": "slurm"},
+        head={"partition": "cpu", "time_limit": "60"}))
+    s.launcher = RayLauncher()
+    refused = "sbatch: error: Batch job submission failed: Required partition not available (inactive or drain)"
+
+    def submit_head_allocation(update):
+        raise SchedulerError(refused, argv=("sbatch",), returncode=1, stderr=refused)
+
+    s.submit_head_allocation = submit_head_allocation
+    import time
+    t0 = time.monotonic()
+    with pytest.raises(SchedulerError) as err:
+        Failover(s).replace_head(timeout=60, progress=None)  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 5.0, "raised at once, not at the timeout"
+    text = str(err.value)
+    assert "head 31 is CANCELLED" in text and "no successor and no worker allocation" in text
+    assert "Required partition not available" in text and err.value.returncode == 1
+    assert s.claims == 1
+
+
 def test_waiting_for_a_successor_reads_head_json_every_poll_and_asks_the_scheduler_at_its_pace(quick, tmp_path):
     directory = SessionDir.create(tmp_path / "sess", SessionInfo(
         session_id="s-1", job_name="er-x", created_at=1.0, scheduler={"kind": "local"},

@@ -123,6 +123,7 @@ class Scenario:
     fault_after_units: int = FAULT_AFTER_UNITS
     ray_env: dict[str, str] = field(default_factory=dict)  # RAY_* for every node (launcher env) and the driver
     network_keepalive_ms: int | None = RayLauncher.network_keepalive_ms  # the launcher's; None: Ray's own
+    supervise: bool = False  # the session's own supervisor (and with it the warm standby head) in the harness
 
 
 @dataclass
@@ -366,7 +367,8 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
     try:
         session = Session.create(Path(parent) / f"{sc.name}-{uuid.uuid4().hex[:6]}", scheduler="slurm", head=sc.head,
                                  launcher=RayLauncher(object_store_memory=100_000_000, env=sc.ray_env,
-                                                      network_keepalive_ms=sc.network_keepalive_ms), supervise=False)
+                                                      network_keepalive_ms=sc.network_keepalive_ms),
+                                 supervise=sc.supervise)
         ctx = Ctx(session, Path(parent), session.record().head_job, [], {}, t_start=t0)
         res.session_dir = str(session.path)
         session.wait_for_head(timeout=120)

@@ -174,6 +174,20 @@ def repair_lab() -> None:
     labctl.up(len(labctl.nodes()) or labctl.DEFAULT_NODES)
 
 
+def partition_state(partition: str, state: str) -> None:
+    """``scontrol update PartitionName=... State=...``: INACTIVE closes a queue
+    (sbatch refuses new jobs), UP opens it again."""
+    subprocess.run(["scontrol", "update", f"PartitionName={partition}", f"State={state}"], check=True,
+                   capture_output=True, timeout=30)
+
+
+def restore_node(node: str) -> None:
+    """A node whose link was cut for good: link up, dead daemons restarted, back in Slurm."""
+    link(node, True)
+    repair_lab()
+    wait_node_ready(node)
+
+
 def node_states() -> dict[str, str]:
     return labctl.node_states(settings())
 

@@ -122,6 +122,21 @@ def cut_worker_network(ctx: Ctx) -> None:
     _agent_status(ctx, node, job)
 
 
+def cut_worker_network_for_good(ctx: Ctx) -> None:
+    """The link goes down and stays down while the run lasts (restored only
+    by the harness's clean-up, after the payload loop ended)."""
+    job, node = _worker_b(ctx)
+    ctx.fault_now(f"link down on {node}'s veth, not restored while the run lasts (worker {job})")
+    lab_ops.link(node, False)
+    ctx.cleanup.append(lambda: lab_ops.restore_node(node))
+    # Slurm's word on it (SlurmdTimeout): the node down, its job ended or requeued.
+    end = time.monotonic() + 90
+    while time.monotonic() < end and not lab_ops.node_states().get(node, "").startswith("down"):
+        time.sleep(1.0)
+    ctx.event(f"Slurm says {node} is {lab_ops.node_states().get(node)}; "
+              f"job {job} {getattr(ctx.session.job_info(job), 'state', None)}")
+
+
 # ------------------------------------------------------------ family 3: the head job
 def cancel_head(ctx: Ctx) -> None:
     ctx.fault_now(f"scancel head {ctx.head_job}")
@@ -232,6 +247,33 @@ def restart_slurmctld(ctx: Ctx) -> None:
     ctx.event("slurmctld restarted")
 
 
+SCHEDULER_DOWN_SECONDS = 300.0
+
+
+def slurmctld_down_for_long(ctx: Ctx) -> None:
+    """slurmctld gone for 5 minutes: longer than an election claim (120 s) and
+    many supervise periods (30 s). The payload runs on meanwhile (Ray does not
+    need Slurm); nobody may release, resubmit or elect on a missing answer."""
+    ctx.fault_now(f"kill -9 slurmctld; restarted {SCHEDULER_DOWN_SECONDS:.0f} s later")
+    lab_ops.kill_slurmctld()
+    ctx.cleanup.append(lab_ops.repair_lab)
+    time.sleep(SCHEDULER_DOWN_SECONDS)
+    lab_ops.repair_lab()
+    ctx.event("slurmctld restarted")
+
+
+def _saw_scheduler_unreachable(ctx: Ctx) -> str | None:
+    """`session status` said that Slurm did not answer (or showed an old answer), never a wrong state."""
+    for _, text in ctx.events:
+        if text.startswith("session status exited") and ("slurm" in text.lower() or "scheduler" in text.lower()):
+            return None
+    for st in ctx.status_seen:
+        age = st.get("scheduler_answer_age")
+        if age is not None and age > 30:
+            return None
+    return "no status sample said that the scheduler did not answer"
+
+
 # ------------------------------------------------------------ family 6: the session directory
 def truncate_allocation_then_cancel_head(ctx: Ctx) -> None:
     path = ctx.session.path / "allocation.json"
@@ -292,12 +334,86 @@ def worker_lost_while_head_moves(ctx: Ctx) -> None:
     ctx.event(f"link up on {node}")
 
 
+QUEUES = ("cpu", "gpu-a", "gpu-b")
+
+
+def lose_head_and_last_worker_with_no_queue(ctx: Ctx) -> None:
+    """Worker b cancelled; then, every partition closed to new jobs, worker a
+    (the last) and the head cancelled at once. No head, no worker, no queue:
+    replace_head() must raise naming that, and the run fail with it."""
+    a, b = ctx.worker_jobs
+    subprocess.run(["scancel", b], check=True, timeout=30)
+    if not _wait_ended(ctx, b, 60):
+        raise RuntimeError(f"worker {b} did not end within 60 s of its scancel")
+    ctx.event(f"worker {b} ended; closing the queues {', '.join(QUEUES)}")
+    for partition in QUEUES:
+        lab_ops.partition_state(partition, "INACTIVE")
+        ctx.cleanup.append(lambda p=partition: lab_ops.partition_state(p, "UP"))
+    ctx.fault_now(f"scancel the last worker {a} and the head {ctx.head_job} at once, no queue open")
+    subprocess.run(["scancel", a, ctx.head_job], check=True, timeout=30)
+
+
+def _wait_ended(ctx: Ctx, job: str, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        info = ctx.session.job_info(job)
+        if info is None or not info.state.is_active:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _failed_at_once(limit: float):
+    """The payload loop ended with an error within ``limit`` s of the fault (replace_head() did not hang)."""
+    def check(ctx: Ctx) -> str | None:
+        ended = [t for t, text in ctx.events if text.startswith("payload loop ended with")]
+        if ctx.t_fault is None or not ended:
+            return "the payload loop did not end with an error"
+        took = ended[0] - ctx.t_fault
+        return None if took <= limit else f"the payload loop failed {took:.0f} s after the fault (limit {limit:.0f} s)"
+    return check
+
+
+def lose_standby_node_then_head(ctx: Ctx) -> None:
+    """The warm standby's node cut off the network, the head cancelled 1 s later:
+    the election may still pick the standby's allocation (Slurm says RUNNING),
+    its head must fail there and the next election take the other one."""
+    from elastic_ray.protocol.disk.records import HostedHeadState
+
+    def standby_on() -> tuple[str, str] | None:
+        for job in ctx.worker_jobs:
+            for st in ctx.session.node_states(job).values():
+                if st.hosted_head is not None and st.hosted_head.state is HostedHeadState.STANDBY:
+                    return job, st.node
+        return None
+
+    end = time.monotonic() + 120
+    found = standby_on()
+    while found is None and time.monotonic() < end:
+        time.sleep(0.5)
+        found = standby_on()
+    if found is None:
+        raise RuntimeError("no warm standby head within 120 s")
+    job, node = found
+    ctx.event(f"standby head on {node} (worker {job})")
+    ctx.fault_now(f"link down on {node} (the standby's, worker {job}); scancel head {ctx.head_job} 1 s later")
+    lab_ops.link(node, False)
+    ctx.cleanup.append(lambda: lab_ops.restore_node(node))
+    time.sleep(1.0)
+    subprocess.run(["scancel", ctx.head_job], check=True, timeout=30)
+
+
 def _b(fn):
     return lambda ctx: fn(ctx, ctx.worker_jobs[1])
 
 
 def _head(fn):
     return lambda ctx: fn(ctx, ctx.head_job)
+
+
+def _all(*checks):
+    """Every check holds; the first complaint otherwise."""
+    return lambda ctx: next((problem for check in checks if (problem := check(ctx)) is not None), None)
 
 
 SHORT_HEAD = replace(HEAD, time_limit="3")
@@ -316,6 +432,8 @@ SCENARIOS: list[Scenario] = [
              kill_worker_slurmd, status_check=_b(_saw_node_not_joined)),
     Scenario("worker-network-cut", "node", f"a worker node's network cut for {NET_CUT_SECONDS:.0f} s",
              cut_worker_network, ci=True, status_check=_b(_saw_node_not_joined)),
+    Scenario("worker-network-never", "node", "a worker node cut off the network for good",
+             cut_worker_network_for_good, status_check=_b(_saw_node_not_joined)),
     Scenario("head-cancel", "head", "the head job cancelled mid-payload", cancel_head,
              status_check=_head(_saw_head_lost)),
     Scenario("head-walltime", "head", "the head job reaching its walltime, no signal", _head_walltime,
@@ -330,6 +448,8 @@ SCENARIOS: list[Scenario] = [
              sixteen_electors),
     Scenario("slurmctld-restart", "scheduler", "slurmctld killed and restarted 20 s later", restart_slurmctld,
              ci=True),
+    Scenario("slurmctld-down-5min", "scheduler", f"slurmctld down for {SCHEDULER_DOWN_SECONDS / 60:.0f} minutes",
+             slurmctld_down_for_long, units=3000, timeout=900, status_check=_saw_scheduler_unreachable),
     Scenario("allocation-truncated", "session-dir", "allocation.json truncated, then the head cancelled",
              truncate_allocation_then_cancel_head),
     Scenario("pointer-garbage", "session-dir", "the ray_head pointer replaced by garbage for 10 s",
@@ -338,6 +458,11 @@ SCENARIOS: list[Scenario] = [
              _fill_with_current, workdir_factory=_loop_fs),
     Scenario("worker-lost-head-moves", "combined", "a worker's network cut while the head is cancelled",
              worker_lost_while_head_moves, status_check=_head(_saw_head_lost)),
+    Scenario("head-and-last-worker-no-queue", "combined",
+             "the head and the last worker allocation lost, every queue closed", lose_head_and_last_worker_with_no_queue,
+             expect_failure="no head can be had", status_check=_all(_failed_at_once(60.0), _head(_saw_head_lost))),
+    Scenario("standby-node-then-head", "combined", "the warm standby's node cut off, the head cancelled 1 s later",
+             lose_standby_node_then_head, supervise=True, status_check=_head(_saw_head_lost)),
 ]
 
 BY_NAME = {s.name: s for s in SCENARIOS}

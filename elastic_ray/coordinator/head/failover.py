@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+from ...errors import SchedulerError
 from ...polling import wait_for
 from ...protocol.wire.channel import ControlError
 from ...protocol.disk import event_log
@@ -177,7 +178,20 @@ class Failover:
         if isinstance(choice, election.UsePublishedSuccessor):
             job = choice.job_id
         else:
-            job = self.submit_successor()
+            try:
+                job = self.submit_successor()
+            except SchedulerError as exc:
+                # The last way on is closed: no head, no worker allocation to
+                # host one, and the scheduler refuses a new one. Every caller
+                # of replace_head() gets this at once rather than wait out
+                # its timeout for a head that cannot come.
+                was = f"head {rec.head_job} is {lost.state.value}" if lost is not None and rec.head_job \
+                    else f"head {rec.head_job or '(none)'} is gone"
+                log.error("event=election_failed session=%s previous=%s why=%r error=%s", s.job_name,
+                          rec.head_job, choice.why, exc)
+                raise SchedulerError(f"no head can be had: {was}, {choice.why}, and the scheduler refused a new "
+                                     f"head allocation: {exc}", argv=exc.argv, returncode=exc.returncode,
+                                     stderr=exc.stderr) from exc
         if self.wait_head_ready(job, deadline):
             # In the default layout a successor is a worker allocation whose
             # first node hosts the head (see Session.submit_head_allocation).
