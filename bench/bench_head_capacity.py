@@ -41,6 +41,13 @@ the standby's promotion. ``supervised`` runs the session's own supervisor
 (``HeadSupervisor``, as every step process of a real run does) with that
 keeper inside: the supervisor notices the loss and elects by itself, so the
 hosting node's worker starts rejoining before the loop's ``replace_head()``.
+``default`` is what a user gets without setting anything: the session
+created with its supervisor (``Session.create``'s default) and the default
+launcher (``standby_head`` on), the fault at the same point of the payload as
+the others, whether or not the supervisor's standby is up by then (the run's
+events say which). ``default-early`` is the same with the head cancelled as
+soon as the payload committed its first unit: the head lost in the first
+seconds of a run, before a standby could be placed.
 Columns are ``order/mode`` when both vary.
 """
 
@@ -62,7 +69,7 @@ from integration.faults import lab_ops  # noqa: E402
 from integration.faults.harness import Result, run_scenario  # noqa: E402
 from integration.faults.scenarios import BY_NAME  # noqa: E402
 
-MODES = ("off", "standby", "supervised")
+MODES = ("off", "standby", "supervised", "default", "default-early")
 PHASES = ("driver ended", "elected", "host ready", "host worker", "other worker", "task runs", "work again")
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ event=(\w+) (.*)$")
 
@@ -201,6 +208,19 @@ def with_standby(inject, supervised: bool = False):
     return run
 
 
+def noting_standby(inject):
+    """Wrap a fault: say in the run's events whether a standby was up at that moment; do not wait for one."""
+    from elastic_ray.protocol.disk.records import HostedHeadState
+
+    def run(ctx) -> None:
+        up = [job for job in ctx.worker_jobs for st in ctx.session.node_states(job).values()
+              if st.hosted_head is not None and st.hosted_head.state is HostedHeadState.STANDBY]
+        ctx.event(f"at the fault: standby head {'on ' + ', '.join(up) if up else 'not up yet'}")
+        inject(ctx)
+
+    return run
+
+
 def _read(path: str) -> list[str]:
     p = Path(path)
     return p.read_text().splitlines() if path and p.exists() else []
@@ -220,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--standby", action="store_true", help="shorthand for --modes off,standby")
     ap.add_argument("--modes", default="off",
                     help="comma-separated modes to alternate: off, standby (a bare standby keeper), "
-                         "supervised (the session's supervisor with its keeper: it elects on loss by itself)")
+                         "supervised (the session's supervisor with its keeper: it elects on loss by itself), "
+                         "default (what a user gets: supervisor and standby by default, no waiting for it), "
+                         "default-early (the same, the head lost at the payload's first unit)")
     args = ap.parse_args(argv)
     orders = [o.strip() for o in args.orders.split(",") if o.strip()]
     bad = [o for o in orders if o not in ("all", "host-first")]
@@ -229,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = ["off", "standby"] if args.standby else [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        ap.error(f"--modes: unknown mode(s) {bad}; use off, standby and/or supervised")
+        ap.error(f"--modes: unknown mode(s) {bad}; use {', '.join(MODES)}")
     combos = [(o, m) for o in orders for m in modes]
     label = lambda o, m: o if len(modes) == 1 else m if len(orders) == 1 else f"{o}/{m}"  # noqa: E731
 
@@ -249,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
                 sc = replace(BY_NAME["head-cancel"], agent_env={"ELASTIC_AGENT_REJOIN_ORDER": order})
                 if mode in ("standby", "supervised"):
                     sc = replace(sc, inject=with_standby(sc.inject, supervised=mode == "supervised"))
+                elif mode in ("default", "default-early"):
+                    sc = replace(sc, supervise=True, inject=noting_standby(sc.inject),
+                                 fault_after_units=1 if mode == "default-early" else sc.fault_after_units)
                 res = run_scenario(sc, base)
                 ph = phases(res)
                 name = label(order, mode)
