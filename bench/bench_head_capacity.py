@@ -48,7 +48,10 @@ the others, whether or not the supervisor's standby is up by then (the run's
 events say which). ``default-early`` is the same with the head cancelled as
 soon as the payload committed its first unit: the head lost in the first
 seconds of a run, before a standby could be placed.
-Columns are ``order/mode`` when both vary.
+``--layouts`` alternates the head's layout: ``separate`` (a head-only CPU
+allocation, as above) and ``default`` (``ray_head_only=False``: the head's
+allocation is the run's first worker allocation and computes too).
+Columns are ``order/mode/layout``, each part only when it varies.
 """
 
 from __future__ import annotations
@@ -243,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                          "supervised (the session's supervisor with its keeper: it elects on loss by itself), "
                          "default (what a user gets: supervisor and standby by default, no waiting for it), "
                          "default-early (the same, the head lost at the payload's first unit)")
+    ap.add_argument("--layouts", default="separate",
+                    help="comma-separated head layouts to alternate: separate (a head-only allocation), "
+                         "default (the head's allocation computes too)")
     args = ap.parse_args(argv)
     orders = [o.strip() for o in args.orders.split(",") if o.strip()]
     bad = [o for o in orders if o not in ("all", "host-first")]
@@ -252,8 +258,15 @@ def main(argv: list[str] | None = None) -> int:
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         ap.error(f"--modes: unknown mode(s) {bad}; use {', '.join(MODES)}")
-    combos = [(o, m) for o in orders for m in modes]
-    label = lambda o, m: o if len(modes) == 1 else m if len(orders) == 1 else f"{o}/{m}"  # noqa: E731
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    bad = [x for x in layouts if x not in ("separate", "default")]
+    if bad or not layouts:
+        ap.error(f"--layouts: unknown layout(s) {bad}; use separate and/or default")
+    combos = [(o, m, x) for o in orders for m in modes for x in layouts]
+
+    def label(o: str, m: str, x: str) -> str:
+        parts = [p for p, many in ((o, len(orders) > 1), (m, len(modes) > 1), (x, len(layouts) > 1)) if many]
+        return "/".join(parts) or o
 
     labctl = lab_ops.labctl
     started = not labctl.is_up()
@@ -263,12 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["SLURM_CONF"] = str(labctl.settings_from_env().conf)
     base = labctl.settings_from_env().shared_dir / "bench-capacity"
     base.mkdir(parents=True, exist_ok=True)
-    table: dict[str, list[dict[str, float | None]]] = {label(o, m): [] for o, m in combos}
+    table: dict[str, list[dict[str, float | None]]] = {label(o, m, x): [] for o, m, x in combos}
     problems: list[str] = []
     try:
         for i in range(args.runs):
-            for order, mode in combos:
-                sc = replace(BY_NAME["head-cancel"], agent_env={"ELASTIC_AGENT_REJOIN_ORDER": order})
+            for order, mode, layout in combos:
+                sc = replace(BY_NAME["head-cancel"], agent_env={"ELASTIC_AGENT_REJOIN_ORDER": order},
+                             ray_head_only=layout == "separate")
                 if mode in ("standby", "supervised"):
                     sc = replace(sc, inject=with_standby(sc.inject, supervised=mode == "supervised"))
                 elif mode in ("default", "default-early"):
@@ -276,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                                  fault_after_units=1 if mode == "default-early" else sc.fault_after_units)
                 res = run_scenario(sc, base)
                 ph = phases(res)
-                name = label(order, mode)
+                name = label(order, mode, layout)
                 table[name].append(ph)
                 if not res.ok:
                     problems.append(f"run {i + 1} {name}: {'; '.join(res.failures)}")

@@ -124,6 +124,7 @@ class Scenario:
     ray_env: dict[str, str] = field(default_factory=dict)  # RAY_* for every node (launcher env) and the driver
     network_keepalive_ms: int | None = RayLauncher.network_keepalive_ms  # the launcher's; None: Ray's own
     supervise: bool = False  # the session's own supervisor (and with it the warm standby head) in the harness
+    ray_head_only: bool = True  # False: the default layout (the head's allocation computes too)
 
 
 @dataclass
@@ -368,7 +369,7 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
         session = Session.create(Path(parent) / f"{sc.name}-{uuid.uuid4().hex[:6]}", scheduler="slurm", head=sc.head,
                                  launcher=RayLauncher(object_store_memory=100_000_000, env=sc.ray_env,
                                                       network_keepalive_ms=sc.network_keepalive_ms),
-                                 supervise=sc.supervise)
+                                 supervise=sc.supervise, ray_head_only=sc.ray_head_only)
         ctx = Ctx(session, Path(parent), session.record().head_job, [], {}, t_start=t0)
         res.session_dir = str(session.path)
         session.wait_for_head(timeout=120)
