@@ -376,8 +376,8 @@ def test_environment(role, auth):
 
 @pytest.mark.parametrize("role", ["head", "worker"])
 def test_every_node_gets_the_runs_network_keepalive_and_the_users_own_wins(role):
-    assert not any("keepalive" in key for key in _cmd(role, launcher=RayLauncher()).env)   # opt-in
-    env = _cmd(role, launcher=RayLauncher(network_keepalive_ms=2000)).env
+    assert RayLauncher().network_keepalive_ms == 2000      # on by default (issue 24)
+    env = _cmd(role, launcher=RayLauncher()).env
     assert env["RAY_grpc_client_keepalive_time_ms"] == env["RAY_grpc_keepalive_time_ms"] == "2000"
     assert env["RAY_grpc_client_keepalive_timeout_ms"] == env["RAY_grpc_keepalive_timeout_ms"] == "3000"
     env = _cmd(role, launcher=RayLauncher(network_keepalive_ms=1000,

@@ -71,15 +71,17 @@ class RayLauncher:
     default: measured, it adds about 200 MiB and 1.7 % of a core to an idle
     head (bench/bench_dashboard.py, docs/operations.md).
 
-    ``network_keepalive_ms`` (default None: Ray's own settings; 2000 is the
-    measured choice): gRPC keepalive on every Ray process of the run (each
-    node's, through its agent, and each payload driver's, through
-    ``Session.run``), so that a node cut off the network fails its tasks,
-    and they are retried elsewhere, within seconds instead of after TCP's
-    own minutes. A ping every period per connection, dead after 1.5 periods
-    without an answer. Opt-in until it is measured on every Ray version we
-    support (bench/bench_net_cut.py). A ``RAY_grpc_*keepalive*`` variable in
-    ``env`` (or a driver's environment) wins over it.
+    ``network_keepalive_ms`` (default 2000; None: Ray's own settings): gRPC
+    keepalive on every Ray process of the run (each node's, through its
+    agent, and each payload driver's, through ``Session.run``), so that a
+    node cut off the network fails its tasks, and they are retried
+    elsewhere, within seconds instead of after TCP's own minutes. A ping
+    every period on each connection with a call in flight, dead after 1.5
+    periods without an answer; a task longer than the period is not
+    affected (the servers accept pings as often as their own period). A
+    ``RAY_grpc_*keepalive*`` variable in ``env`` (or a driver's environment)
+    wins over it. A driver started outside ``Session.run`` gets it only with
+    the variables of ``keepalive_env()`` in its environment.
 
     ``standby_head`` (default None: on wherever a worker node can host a
     head, that is with ``port_strategy`` ``random`` (the default) or
@@ -111,7 +113,7 @@ class RayLauncher:
     network_interface: str | None = None
     node_ip_address_command: str | None = None
     standby_head: bool | None = None
-    network_keepalive_ms: int | None = None
+    network_keepalive_ms: int | None = 2000
 
     def __post_init__(self) -> None:
         set_ = lambda n, v: object.__setattr__(self, n, v)  # noqa: E731 - frozen dataclass
