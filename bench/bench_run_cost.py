@@ -117,7 +117,7 @@ def one_run(work: Path, mode: str, settle: float, seconds: float) -> dict[str, d
                          what="the worker's node to join")
         joined_at = next((t.at for t in reversed(state.transitions) if t.to_state is AgentState.JOINED), time.time())
         ready = float("nan")
-        if launcher.standby_head:
+        if launcher.keeps_standby:
             wait_for(lambda: (s := first_node_state(session, handle.job_id)) is not None
                      and s.hosted_head is not None and s.hosted_head.state is HostedHeadState.STANDBY,
                      timeout=180, interval=0.2, what="the standby head")
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         ap.error(f"--modes: unknown mode(s) {bad}; use {', '.join(MODES)}")
-    print(f"default launcher here: standby_head={RayLauncher().standby_head}, "
+    print(f"default launcher here: keeps_standby={RayLauncher().keeps_standby}, "
           f"network_keepalive_ms={RayLauncher().network_keepalive_ms}", flush=True)
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-run-cost-{os.getpid()}"
     rows: dict[str, list[dict[str, dict[str, float]]]] = {m: [] for m in modes}

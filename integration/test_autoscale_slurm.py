@@ -72,7 +72,8 @@ def make_session(slurm_lab, monkeypatch):
 
     def make(**kwargs) -> Session:
         kwargs.setdefault("head", HEAD)
-        kwargs.setdefault("launcher", RayLauncher(object_store_memory=100_000_000))
+        # No warm standby: nothing here is about failover (and it would move with every new pool).
+        kwargs.setdefault("launcher", RayLauncher(object_store_memory=100_000_000, standby_head=False))
         kwargs.setdefault("supervise", True)
         session = Session.create(base / uuid.uuid4().hex[:8], scheduler="slurm", **kwargs)
         made.append(session)

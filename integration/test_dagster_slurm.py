@@ -43,6 +43,8 @@ pytestmark = [pytest.mark.dagster, pytest.mark.slurm, pytest.mark.ray, pytest.ma
 
 PAYLOAD = pipes_payload_module.__file__
 LAUNCHER = RayLauncher(object_store_memory=100_000_000)
+# For the tests that are not about failover: no warm standby moving between the partitions' allocations.
+NO_STANDBY = RayLauncher(object_store_memory=100_000_000, standby_head=False)
 QUEUE = SlurmQueueConfig(time_limit="20", mem="1G")
 CPU_HEAD = SlurmRunAllocationConfig(partition="cpu", cpus_per_task=1, mem="1G", time_limit="30")
 
@@ -71,13 +73,13 @@ def session_root_fixture(slurm_lab, monkeypatch):
         teardown_all(root)
 
 
-def cpu_head_compute(**run_allocation) -> ComputeResource:
+def cpu_head_compute(launcher: RayLauncher = LAUNCHER, **run_allocation) -> ComputeResource:
     """The seed's CPU-head layout: a small head on ``cpu``, the run's first
     worker allocation on ``gpu-a``."""
     return ComputeResource(
         mode="slurm",
         slurm=SlurmResource(queue=QUEUE),
-        default_launcher=LAUNCHER,
+        default_launcher=launcher,
         ray_head_allocation=CPU_HEAD,
         run_allocation=SlurmRunAllocationConfig(partition="gpu-a", **run_allocation),
     )
@@ -148,7 +150,7 @@ def test_cpu_head_with_workers_from_two_gpu_partitions(session_root):
         seen["head_job"] = session.session.record().head_job
         return compute.run(context=context, payload_path=str(probe)).get_results()
 
-    compute = cpu_head_compute(gpus_per_node=2, cpus_per_task=2)
+    compute = cpu_head_compute(NO_STANDBY, gpus_per_node=2, cpus_per_task=2)
     result = dagster.materialize([placed], resources={"compute": compute})
     assert result.success
     assert seen["a40_nodes"] == ["gpua-1"] and seen["h100_nodes"] == ["gpub-1"]
@@ -234,7 +236,7 @@ def test_worker_allocation_removed_mid_asset(session_root):
         removal["workers_after"] = [w.job_id for w in session.worker_allocations]
         return results
 
-    result = dagster.materialize([shrunk], resources={"compute": cpu_head_compute(cpus_per_task=2)})
+    result = dagster.materialize([shrunk], resources={"compute": cpu_head_compute(NO_STANDBY, cpus_per_task=2)})
     assert result.success
     assert removal["state"] == "COMPLETED", removal
     assert removal["job"] not in removal["workers_after"]

@@ -69,8 +69,9 @@ def session(tmp_path, monkeypatch, request):
     monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
     monkeypatch.setenv("ELASTIC_RAY_AUTOSCALE_INTERVAL", str(getattr(request, "param", 1)))
     monkeypatch.setenv("ELASTIC_RAY_AUTOSCALE_DEMAND_POLL", "0.5")
+    # No warm standby: nothing here is about failover, and its start would compete with the timed drains.
     made = Session.create(tmp_path / "s", scheduler="local", head=HEAD, supervise=True,
-                          launcher=RayLauncher(object_store_memory=100_000_000))
+                          launcher=RayLauncher(object_store_memory=100_000_000, standby_head=False))
     other = made.scheduler.submit(JobSpec(
         job_name="someone-else", role="worker", node_argv=("sleep", "1800"), workdir=tmp_path,
         allocation=SlurmRunAllocationConfig(partition="gpu-a", gpus_per_node=4, cpus_per_task=1, mem="1G",

@@ -30,14 +30,15 @@ pytestmark = [pytest.mark.dagster, pytest.mark.ray, pytest.mark.timeout(300)]
 
 PAYLOAD = pipes_payload_module.__file__
 LAUNCHER = RayLauncher(object_store_memory=100_000_000)
+NO_STANDBY = RayLauncher(object_store_memory=100_000_000, standby_head=False)   # for tests not about failover
 
 
-def cpu_head_compute(**kwargs) -> ComputeResource:
+def cpu_head_compute(launcher: RayLauncher = LAUNCHER, **kwargs) -> ComputeResource:
     """The CPU-head layout: a small head allocation, compute in gpu-a."""
     return ComputeResource(
         mode="local",
         slurm=SlurmResource(queue=SlurmQueueConfig(time_limit="30", mem="1G")),
-        default_launcher=LAUNCHER,
+        default_launcher=launcher,
         ray_head_allocation=SlurmRunAllocationConfig(partition="cpu", cpus_per_task=1, mem="1G", time_limit="30"),
         run_allocation=SlurmRunAllocationConfig(partition="gpu-a", cpus_per_task=2, mem="2G"),
         **kwargs,
@@ -64,7 +65,7 @@ def test_cpu_head_pipes_metadata_and_waiting_for_an_added_worker(session_root, t
         return compute.run(context=context, payload_path=PAYLOAD,
                            args=[str(commits), "6", "--wait-cpus", "3"]).get_results()
 
-    result = dagster.materialize([grown], resources={"compute": cpu_head_compute()})
+    result = dagster.materialize([grown], resources={"compute": cpu_head_compute(NO_STANDBY)})
     assert result.success
     meta = materialization_metadata(result, "grown")
     assert meta["committed_now"] == 6 and meta["already_committed"] == 0

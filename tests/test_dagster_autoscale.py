@@ -34,7 +34,7 @@ with open_dagster_pipes() as pipes:
 
 CONFIG = {
     "mode": "local",
-    "default_launcher": {"object_store_memory": 100_000_000},
+    "default_launcher": {"object_store_memory": 100_000_000, "standby_head": False},   # not about failover
     "ray_head_allocation": {"partition": "cpu", "cpus_per_task": 1, "mem": "1G", "time_limit": "30"},
     "run_allocation": {"partition": "cpu", "cpus_per_task": 1, "mem": "1G", "time_limit": "30"},
     "autoscale": {"pools": [{"config": {"partition": "gpu-b", "gpus_per_node": 2, "cpus_per_task": 2, "mem": "2G",
@@ -83,7 +83,7 @@ def test_a_session_resource_sets_its_policy_on_the_session_it_creates_and_on_a_r
         return 1
 
     resource = SlurmSessionResource(mode="local", partition="cpu", cpus_per_task=1, mem="1G", time_limit="30",
-                                    ray_head_only=True, launcher={"object_store_memory": 100_000_000},
+                                    ray_head_only=True, launcher={"object_store_memory": 100_000_000, "standby_head": False},
                                     autoscale=CONFIG["autoscale"])
     job = dagster.Definitions(assets=[scaled], resources={"session": resource}).resolve_implicit_global_asset_job_def()
     run_id = str(uuid.uuid4())

@@ -83,7 +83,7 @@ def test_session_resource_over_ssh_materializes_with_pipes(sshd, tmp_path):
 
     cluster = SlurmSessionResource(
         mode="local", partition="cpu", time_limit="30", mem="2G", cpus_per_task=1, ray_head_only=True,
-        launcher=RayLauncher(object_store_memory=100_000_000),
+        launcher=RayLauncher(object_store_memory=100_000_000, standby_head=False),   # not about failover
         slurm=SlurmResource(ssh=SSHConnectionResource(host=t.host, port=t.port, user=t.user, key_path=t.key_path,
                                                       options=list(t.options), config_file=t.config_file),
                             remote_base=str(base), remote_python=REMOTE_PYTHON))

@@ -148,6 +148,16 @@ def test_heads_change_by_election_move_and_promotion():
     assert history.elections == (Election(None, T0 + 10, "2", "1"),)    # its start line is lost
 
 
+def test_a_promoted_standby_is_the_election_s_head_whichever_line_comes_first():
+    # failover.host_on_worker writes standby_promoted before the election's election_won.
+    history = build([ev(0, K.SUBMITTED, "1", role="head"), ev(5, K.ELECTION_STARTED, previous="1"),
+                     ev(6, K.STANDBY_PROMOTED, "2", previous="1"), ev(6.1, K.ELECTION_WON, "2", previous="1"),
+                     ev(6.2, K.HEAD_MOVED, "2", previous="1")], T0 + 20)
+    assert [(h.job, h.since, h.how) for h in history.head_periods] == [
+        ("1", T0, HeadChange.FIRST), ("2", T0 + 6, HeadChange.ELECTED)]
+    assert [(e.started_at, e.won_at, e.winner) for e in history.elections] == [(T0 + 5, T0 + 6.1, "2")]
+
+
 def test_an_election_that_has_not_ended():
     history = build([ev(0, K.ELECTION_STARTED, reason="head lost", previous="1")], T0 + 5)
     assert history.elections == (Election(T0, None, None, "1", "head lost"),)

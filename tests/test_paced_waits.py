@@ -299,6 +299,21 @@ def test_no_head_no_worker_and_a_refused_submission_raise_at_once_naming_all_thr
     assert s.claims == 1
 
 
+@pytest.mark.parametrize("message, returncode, refused", [
+    ("sbatch: error: Batch job submission failed: Required partition not available (inactive or drain)", 1, True),
+    ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified",
+     1, True),
+    ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)", 1, False),
+    ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation", 1, False),
+    ("sbatch timed out after 30 s", None, False),          # no answer: not a refusal
+    ("local scheduler: no partition 'gpu-z'", 1, False),  # another scheduler's wording: left as it is
+])
+def test_only_an_answered_submission_counts_as_refused(message, returncode, refused):
+    from elastic_ray.coordinator.head.failover import refused_submission
+    from elastic_ray.errors import SchedulerError
+    assert refused_submission(SchedulerError(message, returncode=returncode, stderr=message)) is refused
+
+
 def test_waiting_for_a_successor_reads_head_json_every_poll_and_asks_the_scheduler_at_its_pace(quick, tmp_path):
     directory = SessionDir.create(tmp_path / "sess", SessionInfo(
         session_id="s-1", job_name="er-x", created_at=1.0, scheduler={"kind": "local"},

@@ -38,7 +38,8 @@ def remote(sshd, tmp_path):
 
     def make(**kwargs) -> RemoteSession:
         kwargs.setdefault("head", HEAD)
-        kwargs.setdefault("launcher", RayLauncher(object_store_memory=100_000_000))
+        # No warm standby: these tests are about the SSH front end, not failover.
+        kwargs.setdefault("launcher", RayLauncher(object_store_memory=100_000_000, standby_head=False))
         s = RemoteSession.create(str(tmp_path / f"s{len(made)}"), ssh=target_of(sshd), remote_python=REMOTE_PYTHON,
                                  scheduler="local", **kwargs)
         made.append(s)

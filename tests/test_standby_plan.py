@@ -16,6 +16,8 @@ from types import SimpleNamespace
 from contextlib import contextmanager
 from types import MappingProxyType
 
+from dataclasses import replace
+
 import pytest
 
 from elastic_ray.protocol.disk import event_log
@@ -223,20 +225,29 @@ def test_a_fixed_port_launcher_cannot_keep_a_standby():
     assert RayLauncher(port_strategy="hash_jobid", standby_head=True).standby_head
 
 
-@pytest.mark.parametrize("given, strategy, resolved", [
+@pytest.mark.parametrize("given, strategy, keeps", [
     (None, "random", True),        # the default launcher keeps a standby
     (None, "hash_jobid", True),
     (None, "fixed", False),        # a worker node cannot host a head: off, no error
     (False, "random", False),      # the user's off switch
     (True, "random", True),
 ])
-def test_the_default_keeps_a_standby_where_a_worker_node_can_host_a_head(given, strategy, resolved):
+def test_the_default_keeps_a_standby_where_a_worker_node_can_host_a_head(given, strategy, keeps):
     launcher = RayLauncher(port_strategy=strategy, standby_head=given)
-    assert launcher.standby_head is resolved
-    # Resolved once: session.json stores the choice, and reading it back keeps it.
-    assert launcher.to_dict()["standby_head"] is resolved
+    assert launcher.keeps_standby is keeps and launcher.standby_head is given
+    # session.json keeps the field as given, and reading it back decides alike.
     assert RayLauncher.from_dict(launcher.to_dict()) == launcher
-    assert RayLauncher().standby_head is True
+    assert RayLauncher().keeps_standby is True
+    # A launcher changed with dataclasses.replace is checked again, without a trap in the default.
+    assert replace(RayLauncher(), port_strategy="fixed").keeps_standby is False
+
+
+def test_a_launcher_read_from_an_older_session_file_keeps_what_its_nodes_were_started_with():
+    older = {k: v for k, v in RayLauncher().to_dict().items() if k not in ("standby_head", "network_keepalive_ms")}
+    launcher = RayLauncher.from_dict(older)
+    assert launcher.standby_head is False and launcher.keeps_standby is False
+    assert launcher.network_keepalive_ms is None and launcher.keepalive_env() == {}
+    assert RayLauncher.from_dict(RayLauncher().to_dict()) == RayLauncher()   # a new one: the new defaults
 
 
 def test_first_node_is_the_running_agent_of_node_zero():

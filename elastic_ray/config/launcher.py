@@ -33,6 +33,11 @@ AGENT_OWNED_ENV = frozenset({"RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "
                              "RAY_gcs_rpc_server_reconnect_timeout_s", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"})
 
 
+#: The value a field had in effect before it existed, for a launcher read back from an
+#: older session.json (``RayLauncher.from_dict``): no standby, Ray's own keepalive.
+WRITTEN_BEFORE: Mapping[str, Any] = MappingProxyType({"standby_head": False, "network_keepalive_ms": None})
+
+
 @dataclass(frozen=True)
 class RayLauncher:
     """Ray settings shared by every node of a run.
@@ -96,7 +101,9 @@ class RayLauncher:
     it (once a worker allocation's first node joined, then at its checks),
     so a run without a supervisor, or a head lost before the standby is up,
     gains nothing. ``False`` turns it off; ``True`` with ``fixed`` is an
-    error. The choice is resolved here, so ``session.json`` stores it.
+    error. ``keeps_standby`` says what the launcher does; ``session.json``
+    keeps the field as given (None: decided by the port strategy, which it
+    keeps too, so every process of the run decides alike).
     """
 
     num_gpus_per_node: int = 0
@@ -164,9 +171,7 @@ class RayLauncher:
                                       or not 500 <= keepalive <= 600_000):
             raise ConfigError("network_keepalive_ms", keepalive,
                               "must be a whole number of milliseconds from 500 to 600000, or None (Ray's own)")
-        if self.standby_head is None:
-            set_("standby_head", self.can_host_elected_head)
-        if not isinstance(self.standby_head, bool):
+        if self.standby_head is not None and not isinstance(self.standby_head, bool):
             raise ConfigError("standby_head", self.standby_head, "must be True, False or None (on where it can be)")
         if self.standby_head and not self.can_host_elected_head:
             raise ConfigError("standby_head", self.standby_head,
@@ -207,6 +212,12 @@ class RayLauncher:
                 "RAY_grpc_keepalive_time_ms": str(period), "RAY_grpc_keepalive_timeout_ms": timeout}
 
     @property
+    def keeps_standby(self) -> bool:
+        """Whether the run keeps a warm standby head: ``standby_head``, or where it is None,
+        wherever a worker node can host a head."""
+        return self.can_host_elected_head if self.standby_head is None else self.standby_head
+
+    @property
     def can_host_elected_head(self) -> bool:
         """A worker node can host a second (head) Ray node only with separate ports."""
         return self.port_strategy in ("random", "hash_jobid")
@@ -224,4 +235,7 @@ class RayLauncher:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(unknown[0], data[unknown[0]], "is not a field of RayLauncher")
-        return cls(**dict(data))
+        # A session.json written before a field existed keeps the behaviour of the version that
+        # wrote it: its running nodes were started that way (a driver with keepalive pinging
+        # nodes started without it would be cut off with too_many_pings).
+        return cls(**{**WRITTEN_BEFORE, **dict(data)})

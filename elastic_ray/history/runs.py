@@ -248,7 +248,12 @@ class _Builder:
     def head_changes_to(self, job: str, at: float, how: HeadChange, previous: str | None) -> None:
         head = self.heads[-1] if self.heads else None
         if head is not None and head.until is None and head.job == job:
-            return      # the same change told twice (an election_won and then its head_moved)
+            # The same change told twice (an election_won and then its head_moved, or a
+            # standby_promoted and then the election_won of the same election): an election
+            # named it, whichever line came first.
+            if how is HeadChange.ELECTED and head.how is HeadChange.MOVED:
+                self.heads[-1] = replace(head, how=HeadChange.ELECTED)
+            return
         if head is None and previous and previous != job:
             prior = self.allocations.get(previous)
             since = None if prior is None else prior.submitted_at or prior.started_at

@@ -78,6 +78,14 @@ def ask_agent(session: AgentAsker, node: NodeState | None, job: str, kind: str,
     return reply
 
 
+def refused_submission(exc: SchedulerError) -> bool:
+    """The scheduler answered a submission with a refusal (sbatch: "Batch job submission
+    failed: ..."), as opposed to not answering at all."""
+    text = f"{exc} {exc.stderr}".lower()
+    unreachable = ("unable to contact", "connect failure", "timed out", "connection refused")
+    return exc.returncode not in (None, 0) and "submission failed" in text and not any(u in text for u in unreachable)
+
+
 class Failover:
     """One caller's attempt to get a healthy head (see ``Session.replace_head``)."""
 
@@ -181,10 +189,12 @@ class Failover:
             try:
                 job = self.submit_successor()
             except SchedulerError as exc:
+                if not refused_submission(exc):
+                    raise   # the scheduler did not answer (a timeout, a controller away): not a refusal
                 # The last way on is closed: no head, no worker allocation to
                 # host one, and the scheduler refuses a new one. Every caller
-                # of replace_head() gets this at once rather than wait out
-                # its timeout for a head that cannot come.
+                # of replace_head() gets this at once, saying so, rather than
+                # the bare sbatch error.
                 was = f"head {rec.head_job} is {lost.state.value}" if lost is not None and rec.head_job \
                     else f"head {rec.head_job or '(none)'} is gone"
                 log.error("event=election_failed session=%s previous=%s why=%r error=%s", s.job_name,

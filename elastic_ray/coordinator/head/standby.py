@@ -89,7 +89,7 @@ def standby_plan(record: AllocationRecord, jobs: Mapping[str, JobInfo],
     """Pure: where the standby should be, given the record, the scheduler's
     answer ``jobs`` and ``nodes`` (job id -> node -> published state, for the
     session's worker allocations)."""
-    if not (launcher.standby_head and launcher.can_host_elected_head):
+    if not launcher.keeps_standby:
         return StandbyPlan(None, why="standby_head is off")
     if election.live_claim(record, now) is not None:
         return StandbyPlan(None, why="an election is in progress; standbys are left as they are")
@@ -207,7 +207,7 @@ class StandbyKeeper:
 
 def keeper(session: StandbySession, interval: float) -> StandbyKeeper | None:
     """The session's keeper, or None when its launcher keeps no standby."""
-    return StandbyKeeper(session, interval) if session.launcher.standby_head else None
+    return StandbyKeeper(session, interval) if session.launcher.keeps_standby else None
 
 
 __all__ = ["agents_may_run", "keeper", "RECHECK_SOON", "StandbyKeeper", "StandbyPlan", "StandbySession", "first_node", "standby_plan"]
