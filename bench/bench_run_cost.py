@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -134,7 +135,9 @@ def one_run(work: Path, mode: str, settle: float, seconds: float) -> dict[str, d
               + ("" if ready != ready else f"; standby ready {ready:.1f} s after the node joined"), flush=True)
         return rows
     finally:
-        session.teardown()
+        # Wait until every job of the session ended, so that its processes are not counted in the
+        # next run's window (nor load it).
+        session.teardown(wait=True, timeout=120)
 
 
 def fmt(xs: list[float], digits: int = 1) -> str:
@@ -162,10 +165,13 @@ def main(argv: list[str] | None = None) -> int:
           f"network_keepalive_ms={RayLauncher().network_keepalive_ms}", flush=True)
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-run-cost-{os.getpid()}"
     rows: dict[str, list[dict[str, dict[str, float]]]] = {m: [] for m in modes}
-    for i in range(args.runs):
-        print(f"run {i + 1}/{args.runs}", flush=True)
-        for mode in modes:
-            rows[mode].append(one_run(work, mode, args.settle, args.seconds))
+    try:
+        for i in range(args.runs):
+            print(f"run {i + 1}/{args.runs}", flush=True)
+            for mode in modes:
+                rows[mode].append(one_run(work, mode, args.settle, args.seconds))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
     print(f"\nprocesses of the head's and the worker's job, {args.runs} alternating runs, window "
           f"{args.seconds:.0f} s; median (range)")
