@@ -137,7 +137,9 @@ def test_the_node_settings_survive_session_json():
     assert RayLauncher.from_dict(launcher.to_dict()) == launcher
     other = RayLauncher(node_ip_address_command="hostname -I | cut -d' ' -f1")
     assert RayLauncher.from_dict(other.to_dict()) == other
-    assert RayLauncher.from_dict({}) == RayLauncher()   # an older session.json: the defaults
+    # An older session.json: today's defaults, except what its nodes were started without (no
+    # standby, Ray's own keepalive).
+    assert RayLauncher.from_dict({}) == RayLauncher(standby_head=False, network_keepalive_ms=None)
 
 
 def test_the_agent_runs_under_the_launcher_interpreter(tmp_path):
