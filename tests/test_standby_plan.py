@@ -166,6 +166,14 @@ CASES = [
                  StandbyPlan("10", place_on="10", soon=True), id="drain-requested-counts"),
     pytest.param(rec(W("10", state="draining")), jobs(J("1"), J("10")), nodes(first("10", STANDBY)), ON,
                  StandbyPlan(None, drop_on=("10",)), id="only-worker-draining"),
+    # a node file still saying STANDBY for a job that left RUNNING (its node cut off, the job
+    # requeued or ending): its agents are gone with the standby, nobody to ask to drop it
+    pytest.param(rec(W("10"), W("11")), jobs(J("1"), J("10", state=P), J("11")),
+                 nodes(first("10", STANDBY), first("11", STANDBY)), ON,
+                 StandbyPlan("11"), id="requeued-job-standby-not-dropped"),
+    pytest.param(rec(W("10"), W("11")), jobs(J("1"), J("10", state=JobState.COMPLETING), J("11")),
+                 nodes(first("10", STANDBY), first("11")), ON,
+                 StandbyPlan("11", place_on="11", soon=True), id="ending-job-standby-not-dropped"),
     pytest.param(rec(W("10", failures=1), W("11")), jobs(J("1"), J("10", left=7200), J("11", left=600)),
                  nodes(first("10"), first("11")), ON,
                  StandbyPlan("11", place_on="11", soon=True), id="failed-host-tried-last"),

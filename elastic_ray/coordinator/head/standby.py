@@ -36,7 +36,7 @@ from ...protocol.disk import event_log
 from ...protocol.disk.events import EventKind, EventSource
 from ...protocol.disk.session_dir import SessionDir
 from ...protocol.disk.records import AgentState, AllocationRecord, HostedHeadState, NodeState, WorkerIntent
-from ...scheduler.base import JobInfo
+from ...scheduler.base import JobInfo, JobState
 from . import election
 from .standby_retry import next_try_at
 from .failover import ask_agent, first_node
@@ -80,6 +80,11 @@ def agents_may_run(record: AllocationRecord, jobs: Mapping[str, JobInfo]) -> lis
             if worker.state != WorkerIntent.REMOVED or ((info := jobs.get(job)) is not None and info.state.is_active)]
 
 
+def _running(jobs: Mapping[str, JobInfo], job: str) -> bool:
+    info = jobs.get(job)
+    return info is not None and info.state is JobState.RUNNING
+
+
 def _hosted(state: NodeState | None) -> HostedHeadState | None:
     return None if state is None or state.hosted_head is None else state.hosted_head.state
 
@@ -98,9 +103,13 @@ def standby_plan(record: AllocationRecord, jobs: Mapping[str, JobInfo],
 
     # Standbys now: the first nodes (of allocations other than the head's)
     # whose hosted control plane is up or starting. The head's own one is
-    # the run's head, never a standby.
+    # the run's head, never a standby. Only a RUNNING job's agents can be
+    # asked to drop one: a job that left RUNNING (requeued after its node
+    # went down, ending) took its standby with it, while its node file may
+    # still say STANDBY (a node cut off the network writes no more).
     standing = sorted((job for job, states in nodes.items()
-                       if job != record.head_job and _hosted(first_node(states)) in _STANDBY_LIKE),
+                       if job != record.head_job and _running(jobs, job)
+                       and _hosted(first_node(states)) in _STANDBY_LIKE),
                       key=_job_key)
 
     successor = record.successor
