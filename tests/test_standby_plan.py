@@ -137,7 +137,11 @@ CASES = [
                  StandbyPlan("10", soon=True), id="no-agent-published-yet"),
     pytest.param(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10", STANDBY, exited=True)), ON,
                  StandbyPlan("10", soon=True), id="first-node-agent-exited"),
-    pytest.param(rec(W("10")), jobs(J("1"), J("10", P)), nodes(), ON, StandbyPlan(None), id="worker-pending"),
+    pytest.param(rec(W("10")), jobs(J("1"), J("10", P)), nodes(), ON, StandbyPlan(None, soon=True), id="worker-pending"),
+    pytest.param(rec(W("10", state="removed")), jobs(J("1"), J("10", P)), nodes(), ON, StandbyPlan(None),
+                 id="removed-worker-pending-no-hurry"),
+    pytest.param(rec(W("1"), head="1"), jobs(J("1", P)), nodes(), ON, StandbyPlan(None),
+                 id="only-the-heads-own-allocation-pending-no-hurry"),
     # --- several, with different time left
     pytest.param(rec(W("10"), W("11"), W("12")), jobs(J("1"), J("10", left=600), J("11", left=7200), J("12")),
                  nodes(first("10"), first("11"), first("12")), ON,

@@ -21,17 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from .. import defaults, knobs
-from ..config import (SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, inherit_worker_config,
+from ..config import (RayLauncher, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig, inherit_worker_config,
                       rejoin_timeout_warning, resolve_separate_head_config)
 from ..errors import AllocationFailed, ConfigError, SlurmAllocationEnded
-from ..config.launcher import RayLauncher
 from ..config.scheduler_choice import scheduler_kind
 from ..polling import wait_for
 from ..protocol.wire.channel import ControlClient, ControlError
 from ..protocol.disk import paths
-from ..protocol.disk.records import (
-    AgentState, AllocationRecord, NodeState, SessionInfo, WorkerIntent, WorkerRecord, check_job_name,
-)
+from ..protocol.disk.records import (AgentState, AllocationRecord, NodeState, SessionInfo, WorkerIntent, WorkerRecord,
+                                     check_job_name)
 from ..protocol.disk.session_dir import SessionDir
 from ..ray_auth import launcher_warnings
 from ..scheduler.base import JobInfo, Scheduler, current_user, state_text
@@ -331,6 +329,8 @@ class Session:
             log.warning("event=short_rejoin_timeout session=%s %s", self.job_name, warning)
         job_id = self._submit_worker(resolved, resubmit_on_failure)
         log.info("event=worker_submitted session=%s job=%s partition=%s", self.job_name, job_id, resolved.partition)
+        if self.supervisor is not None:   # this process's standby keeper looks again now, not at its next check
+            self.supervisor.standby_soon()
         return WorkerAllocation(self, job_id)
 
     def _submit_worker(self, resolved: SlurmWorkerAllocationConfig, keep: int = 0, replaces: str | None = None) -> str:

@@ -119,7 +119,13 @@ def standby_plan(record: AllocationRecord, jobs: Mapping[str, JobInfo],
 
     choice = election.choose_head(record, jobs, can_host_on_worker=True, now=now)
     if not isinstance(choice, election.HostOnWorker):
-        return StandbyPlan(None, drop_on=tuple(standing), why=f"no worker allocation to stand by on: {choice.why}")
+        # A worker allocation still queued may start any moment: look again soon, so its
+        # standby goes up once its first node joined rather than at the next periodic check.
+        queued = any(job != record.head_job and w.state != WorkerIntent.REMOVED
+                     and (info := jobs.get(job)) is not None and info.state is JobState.PENDING
+                     for job, w in record.workers.items())
+        return StandbyPlan(None, drop_on=tuple(standing), soon=queued,
+                           why=f"no worker allocation to stand by on: {choice.why}")
     target = choice.job_id
     drop_on = tuple(job for job in standing if job != target)
     first = first_node(nodes.get(target, {}))

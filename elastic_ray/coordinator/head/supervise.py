@@ -113,6 +113,12 @@ class HeadSupervisor:
         self.noticed: list[tuple[float, str]] = []  # (time, what) for status and benchmarks
         self._errors = RepeatedError(session.job_name)
 
+    def standby_soon(self) -> None:
+        """Let the standby keeper look at its next turn (a worker allocation was just added:
+        its standby is placed once its first node joins, not at the next periodic check)."""
+        if self.standby is not None:
+            self.standby.next_at = 0.0
+
     @property
     def checks(self) -> int:
         """Periodic checks made so far (for status, benchmarks and tests)."""
