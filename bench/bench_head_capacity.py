@@ -43,11 +43,14 @@ keeper inside: the supervisor notices the loss and elects by itself, so the
 hosting node's worker starts rejoining before the loop's ``replace_head()``.
 ``default`` is what a user gets without setting anything: the session
 created with its supervisor (``Session.create``'s default) and the default
-launcher (``standby_head`` on), the fault at the same point of the payload as
-the others, whether or not the supervisor's standby is up by then (the run's
-events say which). ``default-early`` is the same with the head cancelled as
-soon as the payload committed its first unit: the head lost in the first
-seconds of a run, before a standby could be placed.
+launcher (``standby_head`` on), nothing added by the bench; the head is
+cancelled once the payload is past its start (16 units in, and the
+supervisor's own standby up: a head lost later in a run, as most are).
+``standby placed`` is then how long after the session was up (every worker
+JOINED) the supervisor's standby was ready. ``default-early`` is the same
+with the head cancelled as soon as the payload committed its first unit,
+whether or not a standby is up yet (the run's events say which): the head
+lost in the first seconds of a run.
 ``--layouts`` alternates the head's layout: ``separate`` (a head-only CPU
 allocation, as above) and ``default`` (``ray_head_only=False``: the head's
 allocation is the run's first worker allocation and computes too).
@@ -73,7 +76,8 @@ from integration.faults.harness import Result, run_scenario  # noqa: E402
 from integration.faults.scenarios import BY_NAME  # noqa: E402
 
 MODES = ("off", "standby", "supervised", "default", "default-early")
-PHASES = ("driver ended", "elected", "host ready", "host worker", "other worker", "task runs", "work again")
+PHASES = ("driver ended", "elected", "host ready", "host worker", "other worker", "task runs", "work again",
+          "standby placed")
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ event=(\w+) (.*)$")
 
 
@@ -144,6 +148,9 @@ def phases(res: Result) -> dict[str, float | None]:
                     if len(p) >= 4 and p[0] == "start" and float(p[2]) > after)
     out["task runs"] = rel(starts[0]) if starts else None
     out["work again"] = None if res.work_again is None else round(res.work_again, 2)
+    # Not after the fault: how long after the session was up the supervisor's standby was ready.
+    placed = next((ln for ln in res.events if "standby placed: ready" in ln), None)
+    out["standby placed"] = float(placed.split("ready ", 1)[1].split(" s", 1)[0]) if placed else None
     return out
 
 
@@ -211,13 +218,26 @@ def with_standby(inject, supervised: bool = False):
     return run
 
 
-def noting_standby(inject):
-    """Wrap a fault: say in the run's events whether a standby was up at that moment; do not wait for one."""
+def noting_standby(inject, wait: bool):
+    """Wrap a fault: with ``wait``, first wait (up to 120 s) for the supervisor's own standby,
+    noting how long after the session was up it was ready; say in the run's events whether a
+    standby was up at the fault."""
     from elastic_ray.protocol.disk.records import HostedHeadState
 
+    def standing(ctx) -> list[str]:
+        return [job for job in ctx.worker_jobs for st in ctx.session.node_states(job).values()
+                if st.hosted_head is not None and st.hosted_head.state is HostedHeadState.STANDBY]
+
     def run(ctx) -> None:
-        up = [job for job in ctx.worker_jobs for st in ctx.session.node_states(job).values()
-              if st.hosted_head is not None and st.hosted_head.state is HostedHeadState.STANDBY]
+        up = standing(ctx)
+        if wait and not up:
+            deadline = time.monotonic() + 120
+            while not (up := standing(ctx)):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the supervisor placed no standby head within 120 s")
+                time.sleep(0.2)
+            session_up = next(t for t, text in ctx.events if text.startswith("session up"))
+            ctx.event(f"standby placed: ready {time.time() - session_up:.2f} s after the session was up")
         ctx.event(f"at the fault: standby head {'on ' + ', '.join(up) if up else 'not up yet'}")
         inject(ctx)
 
@@ -286,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 if mode in ("standby", "supervised"):
                     sc = replace(sc, inject=with_standby(sc.inject, supervised=mode == "supervised"))
                 elif mode in ("default", "default-early"):
-                    sc = replace(sc, supervise=True, inject=noting_standby(sc.inject),
+                    sc = replace(sc, supervise=True, inject=noting_standby(sc.inject, wait=mode == "default"),
                                  fault_after_units=1 if mode == "default-early" else sc.fault_after_units)
                 res = run_scenario(sc, base)
                 ph = phases(res)
