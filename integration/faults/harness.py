@@ -358,6 +358,8 @@ def run_scenario(sc: Scenario, base: Path) -> Result:
     res = Result(sc.name, sc.family, sc.title, units=sc.units)
     t0 = res.t0 = time.time()
     print(f"\n=== {sc.name}: {sc.title}", flush=True)
+    for node in lab_ops.all_nodes_ready():
+        print(f"  (lab: {node} was left drained or down before this scenario; resumed)", flush=True)
     saved_env = {k: os.environ.get(k) for k in {**AGENT_ENV, **sc.agent_env}}
     os.environ.update(AGENT_ENV)
     os.environ.update(sc.agent_env)

@@ -192,18 +192,37 @@ def node_states() -> dict[str, str]:
     return labctl.node_states(settings())
 
 
-def wait_node_ready(node: str, timeout: float = 90.0) -> None:
-    """Wait until Slurm lists ``node`` idle/mixed/allocated again (after a slurmd restart)."""
+def wait_node_ready(node: str, timeout: float = 90.0, settle: float = 5.0) -> None:
+    """Wait until Slurm lists ``node`` idle/mixed/allocated again (after a slurmd restart or a
+    cut link), and still so ``settle`` s later. A node drained or down is resumed; the settling
+    catches the drain that comes after a resume: a node back from a cut link still runs the
+    steps of a job Slurm requeued meanwhile, and when the requeued job is placed there again
+    slurmctld drains the node ("Duplicate jobid"; seen on the lab)."""
     deadline = time.monotonic() + timeout
+    ready_since: float | None = None
     while time.monotonic() < deadline:
         state = node_states().get(node, "")
         if state.rstrip("*") in ("idle", "mix", "alloc") and not state.endswith("*"):
-            return
-        if state.startswith("down") or state.startswith("drain"):
-            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False,
-                           capture_output=True, timeout=30)
+            ready_since = ready_since if ready_since is not None else time.monotonic()
+            if time.monotonic() - ready_since >= settle:
+                return
+        else:
+            ready_since = None
+            if state.startswith("down") or state.startswith("drain"):
+                subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False,
+                               capture_output=True, timeout=30)
         time.sleep(1.0)
     raise RuntimeError(f"node {node} not back in Slurm after {timeout:.0f}s: {node_states().get(node)}")
+
+
+def all_nodes_ready(timeout: float = 90.0) -> list[str]:
+    """Every lab node idle/mixed/allocated, resuming the ones an earlier scenario left drained
+    or down (see :func:`wait_node_ready`); returns the nodes that had to be brought back."""
+    back = [node for node, state in node_states().items()
+            if not (state.rstrip("*") in ("idle", "mix", "alloc") and not state.endswith("*"))]
+    for node in back:
+        wait_node_ready(node, timeout=timeout, settle=2.0)
+    return back
 
 
 def on_node(node: str, argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
