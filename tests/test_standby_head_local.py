@@ -1,5 +1,5 @@
-"""The warm standby head (``RayLauncher.standby_head``) for real on the local
-scheduler: real agents, real Ray, the session's own supervisor placing it.
+"""The warm standby head (``RayLauncher.standby_head``, on by default) for real on
+the local scheduler: real agents, real Ray, the session's own supervisor placing it.
 
 One session, a separate head and two worker allocations, the first with
 more time left (so the next election would pick it):
@@ -81,7 +81,7 @@ def test_the_standby_follows_the_election_and_becomes_the_head_without_a_start(t
     monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
     monkeypatch.setenv("ELASTIC_AGENT_BACKOFF_BASE", "1")
     s = Session.create(tmp_path / "s", head=HEAD, scheduler="local", supervise_interval=10.0,
-                       launcher=RayLauncher(object_store_memory=100_000_000, standby_head=True))
+                       launcher=RayLauncher(object_store_memory=100_000_000))   # the standby is on by default
     seen: list[psutil.Process] = []
     try:
         s.wait_for_head(timeout=120)
