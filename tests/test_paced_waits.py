@@ -297,6 +297,12 @@ def test_no_head_no_worker_and_a_refused_submission_raise_at_once_naming_all_thr
     assert "head 31 is CANCELLED" in text and "no successor and no worker allocation" in text
     assert "Required partition not available" in text and err.value.returncode == 1
     assert s.claims == 1
+    # The run's event log keeps it, for `session status` and the history.
+    from elastic_ray.protocol.disk import event_log
+    from elastic_ray.protocol.disk.events import EventKind
+    failed = [e for e in event_log.read(s.dir.path).events if e.kind is EventKind.ELECTION_FAILED]
+    assert len(failed) == 1 and "head 31 is CANCELLED" in (failed[0].reason or "")
+    assert "Required partition not available" in str(failed[0].details["refusal"])
 
 
 @pytest.mark.parametrize("message, returncode, refused", [

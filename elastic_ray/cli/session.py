@@ -36,7 +36,7 @@ from .options import OptionError, parse_ray_resources, worker_config
 from .output import (JSON_OPTION, JsonCommand, Progress, echo_json, err_console, failures_as_click, one_line,
                      out_console, session_directory)
 from ..coordinator.scaling.status import autoscale_status
-from .status_model import answer_outdated, build_status, driver_oom_steps, health, job_sort_key
+from .status_model import answer_outdated, build_status, driver_oom_steps, failed_election, health, job_sort_key
 from .status_view import format_duration, render_status
 
 __all__ = ["session_group", "collect_status", "open_session", "one_line", "Progress"]
@@ -89,19 +89,22 @@ def collect_status(session: Session, heartbeat_wait: float = HEARTBEAT_WAIT,
                           pointer=pointer, endpoint=endpoint, observation=observation, now=now)
     status["scheduler_answer_age"] = None if answer is None else round(max(0.0, answer.age(now)), 1)
     status["autoscale"] = autoscale_status(session.path, record, now)
-    add_driver_ooms(status, session.path)
+    add_logged_facts(status, session.path)
     return status
 
 
-def add_driver_ooms(status: dict[str, Any], path: Path) -> None:
-    """Each job row's ``driver_oom_steps``: the payload drivers' steps on it that the OOM killer
-    ended (from the event log; a log that cannot be read shows none)."""
+def add_logged_facts(status: dict[str, Any], path: Path) -> None:
+    """What only the event log tells: each job row's ``driver_oom_steps`` (the payload drivers'
+    steps on it that the OOM killer ended) and the head's ``election_failed`` (the last election
+    found no head to be had, and none came after). A log that cannot be read shows neither."""
     try:
-        steps = driver_oom_steps(event_log.read(path).events)
+        events = event_log.read(path).events
     except (OSError, ValueError):
-        steps = {}
+        events = []
+    steps = driver_oom_steps(events)
     for row in status["jobs"]:
         row["driver_oom_steps"] = steps.get(row["job_id"], [])
+    status["head"]["election_failed"] = failed_election(events)
 
 
 def run_usage_so_far(path: Path) -> dict[str, Any] | None:

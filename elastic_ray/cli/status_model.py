@@ -234,6 +234,18 @@ def driver_oom_steps(events: Iterable[Event]) -> dict[str, list[str]]:
     return found
 
 
+def failed_election(events: Iterable[Event]) -> dict[str, Any] | None:
+    """Pure: the last ``election_failed`` (no head could be had) when no head was elected or
+    moved after it, as ``{"at", "reason"}``; None otherwise."""
+    last: Event | None = None
+    for event in events:
+        if event.kind is EventKind.ELECTION_FAILED:
+            last = event
+        elif event.kind in (EventKind.ELECTION_WON, EventKind.HEAD_MOVED):
+            last = None
+    return None if last is None else {"at": last.at, "reason": last.reason}
+
+
 def _dashboard(pointer: str | None, endpoint: HeadEndpoint | None, launcher: Mapping[str, Any]) -> dict[str, Any]:
     place = locate_dashboard(pointer, endpoint, launcher)
     return {"dashboard": place.address, "dashboard_note": status_line(place)}
@@ -283,6 +295,9 @@ def health(status: Mapping[str, Any]) -> tuple[int, list[str]]:
         code = CHECK_HEAD_LOST
         reasons.append("no head" if head["job_id"] is None else
                        f"head job {head['job_id']}: heartbeat {beat}" + (f" (job {row['state']})" if row else ""))
+    if (lost := head.get("election_failed")) is not None:
+        code = CHECK_HEAD_LOST
+        reasons.append(f"no head can be had: {lost['reason']}")
     failed = [f for f in status.get("failures") or () if not f.get("replaced_by")]
     if failed:
         code = code if code == CHECK_HEAD_LOST else CHECK_WORKER_FAILED

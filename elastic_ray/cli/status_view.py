@@ -170,6 +170,9 @@ def render_status(status: Mapping[str, Any]) -> Group:
         if head["recorded_job_id"] not in (None, head["job_id"]):
             head_line.append(f"; the record names job {head['recorded_job_id']}", style="yellow")
     extra = []
+    if (lost := head.get("election_failed")) is not None:
+        extra.append(Text(f"no head can be had ({format_duration(max(0.0, now - lost['at']))} ago): {lost['reason']}",
+                          style="red"))
     if head["job_id"] is not None and head.get("dashboard_note"):
         extra.append(Text.assemble(("dashboard: ", "bold"), head["dashboard_note"]))
     failures = status.get("failures") or []

@@ -48,6 +48,14 @@ def _saw_head_lost(ctx: Ctx, old_head: str) -> str | None:
     return f"no status sample showed head {old_head} lost or replaced"
 
 
+def _saw_no_head_can_be_had(ctx: Ctx) -> str | None:
+    """A status sample (the last one is taken after the payload loop ended) said that no head
+    can be had, with the reason."""
+    if any((st["head"].get("election_failed") or {}).get("reason") for st in ctx.status_seen):
+        return None
+    return "no status sample said that no head can be had"
+
+
 def _worker_b(ctx: Ctx) -> tuple[str, str]:
     job = ctx.worker_jobs[1]
     return job, ctx.worker_nodes[job]
@@ -486,7 +494,8 @@ SCENARIOS: list[Scenario] = [
              worker_lost_while_head_moves, status_check=_head(_saw_head_lost)),
     Scenario("head-and-last-worker-no-queue", "combined",
              "the head and the last worker allocation lost, every queue closed", lose_head_and_last_worker_with_no_queue,
-             expect_failure="no head can be had", status_check=_all(_failed_at_once(60.0), _head(_saw_head_lost))),
+             expect_failure="no head can be had",
+             status_check=_all(_failed_at_once(60.0), _head(_saw_head_lost), _saw_no_head_can_be_had)),
     Scenario("standby-node-then-head", "combined", "the warm standby's node cut off, the head cancelled 1 s later",
              lose_standby_node_then_head, supervise=True, units=1200,
              status_check=_all(_fault_before_the_end, _head(_saw_head_lost))),

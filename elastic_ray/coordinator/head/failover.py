@@ -199,8 +199,10 @@ class Failover:
                     else f"head {rec.head_job or '(none)'} is gone"
                 log.error("event=election_failed session=%s previous=%s why=%r error=%s", s.job_name,
                           rec.head_job, choice.why, exc)
-                raise SchedulerError(f"no head can be had: {was}, {choice.why}, and the scheduler refused a new "
-                                     f"head allocation: {exc}", argv=exc.argv, returncode=exc.returncode,
+                why = f"{was}, {choice.why}, and the scheduler refused a new head allocation"
+                event_log.emit(s.dir.path, EventKind.ELECTION_FAILED, EventSource.COORDINATOR, reason=why,
+                               previous=rec.head_job or "", refusal=(exc.stderr or str(exc)).strip()[-300:])
+                raise SchedulerError(f"no head can be had: {why}: {exc}", argv=exc.argv, returncode=exc.returncode,
                                      stderr=exc.stderr) from exc
         if self.wait_head_ready(job, deadline):
             # In the default layout a successor is a worker allocation whose

@@ -85,6 +85,7 @@ class EventKind(str, enum.Enum):
     RESUBMITTED = "resubmitted"              # a replacement was submitted for a failed job
     ELECTION_STARTED = "election_started"
     ELECTION_WON = "election_won"            # ``job``: the new head
+    ELECTION_FAILED = "election_failed"      # no head could be had (``reason``: what was missing)
     HEAD_MOVED = "head_moved"                # ``ray_head`` names a new job (``details.previous``)
     STANDBY_PLACED = "standby_placed"
     STANDBY_PROMOTED = "standby_promoted"
