@@ -62,7 +62,9 @@ def _cut_for(seconds: float | None):
         what = "until the payload finished" if seconds is None else f"for {seconds:.0f}s"
         ctx.fault_now(f"link down on {node}'s veth {what} (worker {job})")
         lab_ops.link(node, False)
-        ctx.cleanup.append(lambda: lab_ops.link(node, True))
+        # As the fault matrix does: link up, then wait until Slurm has the node back for good
+        # (a node cut off past SlurmdTimeout comes back with steps of a job Slurm requeued).
+        ctx.cleanup.append(lambda: lab_ops.restore_node(node))
         if seconds is not None:
             time.sleep(seconds)
             lab_ops.link(node, True)
