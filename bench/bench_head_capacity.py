@@ -50,7 +50,12 @@ supervisor's own standby up: a head lost later in a run, as most are).
 JOINED) the supervisor's standby was ready. ``default-early`` is the same
 with the head cancelled as soon as the payload committed its first unit,
 whether or not a standby is up yet (the run's events say which): the head
-lost in the first seconds of a run.
+lost in the first seconds of a run. ``default-nokeepalive`` is ``default``
+with ``network_keepalive_ms=None`` (Ray's own gRPC settings), to weigh the
+keepalive's share. ``--settle S`` waits S more seconds after the standby is
+ready before the fault (the standby's own processes are busy starting for a
+few seconds after it counts as ready; a head lost minutes into a run meets a
+quiet standby).
 ``--layouts`` alternates the head's layout: ``separate`` (a head-only CPU
 allocation, as above) and ``default`` (``ray_head_only=False``: the head's
 allocation is the run's first worker allocation and computes too).
@@ -75,7 +80,7 @@ from integration.faults import lab_ops  # noqa: E402
 from integration.faults.harness import Result, run_scenario  # noqa: E402
 from integration.faults.scenarios import BY_NAME  # noqa: E402
 
-MODES = ("off", "standby", "supervised", "default", "default-early")
+MODES = ("off", "standby", "supervised", "default", "default-early", "default-nokeepalive")
 PHASES = ("driver ended", "elected", "host ready", "host worker", "other worker", "task runs", "work again",
           "standby placed")
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ event=(\w+) (.*)$")
@@ -218,7 +223,7 @@ def with_standby(inject, supervised: bool = False):
     return run
 
 
-def noting_standby(inject, wait: bool):
+def noting_standby(inject, wait: bool, settle: float = 0.0):
     """Wrap a fault: with ``wait``, first wait (up to 120 s) for the supervisor's own standby,
     noting how long after the session was up it was ready; say in the run's events whether a
     standby was up at the fault."""
@@ -238,6 +243,7 @@ def noting_standby(inject, wait: bool):
                 time.sleep(0.2)
             session_up = next(t for t, text in ctx.events if text.startswith("session up"))
             ctx.event(f"standby placed: ready {time.time() - session_up:.2f} s after the session was up")
+            time.sleep(settle)
         ctx.event(f"at the fault: standby head {'on ' + ', '.join(up) if up else 'not up yet'}")
         inject(ctx)
 
@@ -269,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layouts", default="separate",
                     help="comma-separated head layouts to alternate: separate (a head-only allocation), "
                          "default (the head's allocation computes too)")
+    ap.add_argument("--settle", type=float, default=0.0, metavar="S",
+                    help="default modes: seconds to wait after the standby is ready before the fault")
     args = ap.parse_args(argv)
     orders = [o.strip() for o in args.orders.split(",") if o.strip()]
     bad = [o for o in orders if o not in ("all", "host-first")]
@@ -305,9 +313,12 @@ def main(argv: list[str] | None = None) -> int:
                              ray_head_only=layout == "separate")
                 if mode in ("standby", "supervised"):
                     sc = replace(sc, inject=with_standby(sc.inject, supervised=mode == "supervised"))
-                elif mode in ("default", "default-early"):
-                    sc = replace(sc, supervise=True, inject=noting_standby(sc.inject, wait=mode == "default"),
-                                 fault_after_units=1 if mode == "default-early" else sc.fault_after_units)
+                elif mode in ("default", "default-early", "default-nokeepalive"):
+                    sc = replace(sc, supervise=True,
+                                 inject=noting_standby(sc.inject, wait=mode != "default-early", settle=args.settle),
+                                 fault_after_units=1 if mode == "default-early" else sc.fault_after_units,
+                                 network_keepalive_ms=None if mode == "default-nokeepalive"
+                                 else sc.network_keepalive_ms)
                 res = run_scenario(sc, base)
                 ph = phases(res)
                 name = label(order, mode, layout)
