@@ -243,6 +243,7 @@ def noting_standby(inject, wait: bool, settle: float = 0.0):
                 time.sleep(0.2)
             session_up = next(t for t, text in ctx.events if text.startswith("session up"))
             ctx.event(f"standby placed: ready {time.time() - session_up:.2f} s after the session was up")
+        if wait:
             time.sleep(settle)
         ctx.event(f"at the fault: standby head {'on ' + ', '.join(up) if up else 'not up yet'}")
         inject(ctx)
