@@ -309,6 +309,11 @@ def test_status_shows_a_worker_hosted_head_an_election_and_a_successor():
     roles = {r["job_id"]: r["role"] for r in status["jobs"]}
     assert roles["21"] == "worker+head" and roles["20"] == "head (replaced)"
     assert roles["25"] == "head (successor)"
+    # The default layout: the head was a worker allocation, and the head moved on; it still computes.
+    moved = replace(record, head_job="22", predecessors=("10", "20", "21"))
+    roles = {r["job_id"]: r["role"] for r in _status(record=moved, pointer="22", observation=None,
+                                                     endpoint=None)["jobs"]}
+    assert roles["21"] == "worker (was head)" and roles["22"] == "worker+head" and roles["23"] == "worker"
     assert {r["job_id"]: r["state"] for r in status["jobs"]}["25"] == "UNKNOWN"  # not asked about
     assert status["election"]["live"] and status["successor"] == "25"
     assert "election by host:1:abc in progress" in _text(status)

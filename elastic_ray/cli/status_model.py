@@ -162,7 +162,8 @@ def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecor
     if record.successor:
         roles[record.successor] = "head (successor)"
     for job in record.workers:
-        roles[job] = "worker"
+        # A worker allocation that hosted the run's head before (the default layout) still computes.
+        roles[job] = "worker (was head)" if job in record.predecessors else "worker"
     if record.head_job:
         roles[record.head_job] = "worker+head" if record.head_job in record.workers else "head"
     if pointer and pointer not in roles:
@@ -171,7 +172,7 @@ def build_status(*, path: str | Path, info: SessionInfo, record: AllocationRecor
         roles.setdefault(job, "unrecorded")
 
     order = {"head": 0, "worker+head": 0, "head (pointer)": 1, "head (successor)": 2,
-             "head (replaced)": 3, "worker": 4, "unrecorded": 5}
+             "head (replaced)": 3, "worker": 4, "worker (was head)": 4, "unrecorded": 5}
     rows = []
     for job_id in sorted(roles, key=lambda j: (order[roles[j]], job_sort_key(j))):
         job = jobs.get(job_id)

@@ -43,7 +43,7 @@ def _saw_head_lost(ctx: Ctx, old_head: str) -> str | None:
             return None
         if st["head"]["job_id"] != old_head:
             for row in st.get("jobs", []):
-                if row["job_id"] == old_head and row["role"].startswith("head (replaced"):
+                if row["job_id"] == old_head and row["role"] in ("head (replaced)", "worker (was head)"):
                     return None
     return f"no status sample showed head {old_head} lost or replaced"
 
