@@ -328,6 +328,21 @@ def test_the_keeper_once_settled_waits_for_the_next_check():
     assert k.next_at == NOW + 30.0
 
 
+def test_an_allocation_added_by_the_supervising_process_brings_the_next_look_forward():
+    """The keeper's first look (at create) finds no worker allocation and would wait for the
+    supervisor's 30 s check; ``add_worker_allocation`` calls ``standby_soon``."""
+    from elastic_ray.coordinator.head.supervise import HeadSupervisor
+
+    s = FakeSession(rec(), jobs(J("1")), nodes())
+    s.job_name = "er-test"
+    k = StandbyKeeper(s, interval=30.0)
+    assert k.apply(NOW) == StandbyPlan(None) and not k.due(NOW + 1)
+    supervisor = HeadSupervisor(s, interval=30.0, standby=k)   # not started: no thread
+    supervisor.standby_soon()
+    assert k.due(NOW + 1)
+    HeadSupervisor(s, interval=30.0, standby=None).standby_soon()   # no keeper: nothing to do
+
+
 def test_a_request_that_fails_is_logged_and_tried_at_the_next_look():
     s = FakeSession(rec(W("10")), jobs(J("1"), J("10")), nodes(first("10")))
     s.fail = True
