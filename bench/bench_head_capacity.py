@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                 if mode in ("standby", "supervised"):
                     sc = replace(sc, inject=with_standby(sc.inject, supervised=mode == "supervised"))
                 elif mode in ("default", "default-early", "default-nokeepalive"):
-                    sc = replace(sc, supervise=True,
+                    # --settle: enough units that the payload still runs at the fault (4 CPUs, 0.5 s units)
+                    sc = replace(sc, supervise=True, units=sc.units + int(16 * args.settle),
                                  inject=noting_standby(sc.inject, wait=mode != "default-early", settle=args.settle),
                                  fault_after_units=1 if mode == "default-early" else sc.fault_after_units,
                                  network_keepalive_ms=None if mode == "default-nokeepalive"
