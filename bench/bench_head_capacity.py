@@ -18,6 +18,8 @@ events, the agents' own logs and the payload's trace:
 * ``host ready``: the hosting node's agent logged ``hosted_head_ready``;
 * ``host worker``: the hosting node's own worker JOINED the new head;
 * ``other worker``: the other allocation's worker JOINED the new head;
+* ``driver begun``, ``driver connected``: the relaunched driver's process
+  began, its ``ray.init()`` returned (the payload's trace);
 * ``task runs``: the relaunched driver's first unit of work started on a
   node (the payload's trace: the task's own start time on its node, the
   first one after ``elected``);
@@ -47,12 +49,15 @@ launcher (``standby_head`` on), nothing added by the bench; the head is
 cancelled once the payload is past its start (16 units in, and the
 supervisor's own standby up: a head lost later in a run, as most are).
 ``standby placed`` is then how long after the session was up (every worker
-JOINED) the supervisor's standby was ready. ``default-early`` is the same
+JOINED) the supervisor's standby was ready with its worker (the worker node
+kept joined to it, ``agent.head.standby_worker``). ``default-early`` is the same
 with the head cancelled as soon as the payload committed its first unit,
 whether or not a standby is up yet (the run's events say which): the head
 lost in the first seconds of a run. ``default-nokeepalive`` is ``default``
 with ``network_keepalive_ms=None`` (Ray's own gRPC settings), to weigh the
-keepalive's share. ``--settle S`` waits S more seconds after the standby is
+keepalive's share; ``default-nowarm`` is ``default`` with the standby's
+worker off (``ELASTIC_AGENT_STANDBY_WORKER=off``), to weigh that worker's
+share. ``--settle S`` waits S more seconds after the standby is
 ready before the fault (the standby's own processes are busy starting for a
 few seconds after it counts as ready; a head lost minutes into a run meets a
 quiet standby).
@@ -80,9 +85,9 @@ from integration.faults import lab_ops  # noqa: E402
 from integration.faults.harness import Result, run_scenario  # noqa: E402
 from integration.faults.scenarios import BY_NAME  # noqa: E402
 
-MODES = ("off", "standby", "supervised", "default", "default-early", "default-nokeepalive")
-PHASES = ("driver ended", "elected", "host ready", "host worker", "other worker", "task runs", "work again",
-          "standby placed")
+MODES = ("off", "standby", "supervised", "default", "default-early", "default-nokeepalive", "default-nowarm")
+PHASES = ("driver ended", "elected", "host ready", "host worker", "other worker", "driver begun",
+          "driver connected", "task runs", "work again", "standby placed")
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ event=(\w+) (.*)$")
 
 
@@ -152,6 +157,10 @@ def phases(res: Result) -> dict[str, float | None]:
     starts = sorted(float(p[2]) for p in (ln.split() for ln in _read(res.trace))
                     if len(p) >= 4 and p[0] == "start" and float(p[2]) > after)
     out["task runs"] = rel(starts[0]) if starts else None
+    for what in ("begun", "connected"):   # the relaunched driver: its process, its ray.init()
+        seen = sorted(float(p[2]) for p in (ln.split() for ln in _read(res.trace))
+                      if len(p) >= 3 and p[0] == "driver" and p[1] == what and float(p[2]) > after)
+        out[f"driver {what}"] = rel(seen[0]) if seen else None
     out["work again"] = None if res.work_again is None else round(res.work_again, 2)
     # Not after the fault: how long after the session was up the supervisor's standby was ready.
     placed = next((ln for ln in res.events if "standby placed: ready" in ln), None)
@@ -223,15 +232,17 @@ def with_standby(inject, supervised: bool = False):
     return run
 
 
-def noting_standby(inject, wait: bool, settle: float = 0.0):
+def noting_standby(inject, wait: bool, settle: float = 0.0, warm: bool = True):
     """Wrap a fault: with ``wait``, first wait (up to 120 s) for the supervisor's own standby,
     noting how long after the session was up it was ready; say in the run's events whether a
     standby was up at the fault."""
     from elastic_ray.protocol.disk.records import HostedHeadState
 
     def standing(ctx) -> list[str]:
+        # Ready with its worker, where it keeps one (ELASTIC_AGENT_STANDBY_WORKER, on by default).
         return [job for job in ctx.worker_jobs for st in ctx.session.node_states(job).values()
-                if st.hosted_head is not None and st.hosted_head.state is HostedHeadState.STANDBY]
+                if st.hosted_head is not None and st.hosted_head.state is HostedHeadState.STANDBY
+                and (st.hosted_head.worker_pid is not None or not warm)]
 
     def run(ctx) -> None:
         up = standing(ctx)
@@ -272,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated modes to alternate: off, standby (a bare standby keeper), "
                          "supervised (the session's supervisor with its keeper: it elects on loss by itself), "
                          "default (what a user gets: supervisor and standby by default, no waiting for it), "
-                         "default-early (the same, the head lost at the payload's first unit)")
+                         "default-early (the same, the head lost at the payload's first unit), "
+                         "default-nokeepalive, default-nowarm (see the module docstring)")
     ap.add_argument("--layouts", default="separate",
                     help="comma-separated head layouts to alternate: separate (a head-only allocation), "
                          "default (the head's allocation computes too)")
@@ -314,10 +326,14 @@ def main(argv: list[str] | None = None) -> int:
                              ray_head_only=layout == "separate")
                 if mode in ("standby", "supervised"):
                     sc = replace(sc, inject=with_standby(sc.inject, supervised=mode == "supervised"))
-                elif mode in ("default", "default-early", "default-nokeepalive"):
+                elif mode.startswith("default"):
+                    if mode == "default-nowarm":   # the standby without its worker
+                        sc = replace(sc, agent_env={**sc.agent_env, "ELASTIC_AGENT_STANDBY_WORKER": "off"})
                     # --settle: enough units that the payload still runs at the fault (4 CPUs, 0.5 s units)
-                    sc = replace(sc, supervise=True, units=sc.units + int(16 * args.settle),
-                                 inject=noting_standby(sc.inject, wait=mode != "default-early", settle=args.settle),
+                    # (and 6 s more: the standby's worker joins after it)
+                    sc = replace(sc, supervise=True, units=sc.units + int(16 * (args.settle + 6)),
+                                 inject=noting_standby(sc.inject, wait=mode != "default-early", settle=args.settle,
+                                                       warm=mode != "default-nowarm"),
                                  fault_after_units=1 if mode == "default-early" else sc.fault_after_units,
                                  network_keepalive_ms=None if mode == "default-nokeepalive"
                                  else sc.network_keepalive_ms)

@@ -281,6 +281,11 @@ REJOIN_ORDER = _knob(
     "ELASTIC_AGENT_REJOIN_ORDER", "'host-first' or 'all'", "host-first",
     "after the head moved, workers on the hosting node's machine wait for its worker (host-first) "
     "or all restart at once", ("agent/cli.py",), _one_of("host-first", "all"), choices=("host-first", "all"))
+STANDBY_WORKER = _knob(
+    "ELASTIC_AGENT_STANDBY_WORKER", "'on' or 'off'", "on",
+    "a node keeping a standby head also keeps a worker joined to it, taken over when the standby becomes "
+    "the run's head (off: a fresh ray start then)", ("agent/runner.py",), _one_of("on", "off"),
+    choices=("on", "off"))
 AGENT_LOG_FORMAT = _knob(
     "ELASTIC_AGENT_LOG_FORMAT", "'text' or 'json'", "text",
     "how an agent writes its log lines (its log file and stderr): text, or one JSON object per line "

@@ -73,6 +73,16 @@ def alive(proc: psutil.Process) -> bool:
         return False
 
 
+def warm_pids(s: Session, job: str) -> list[int]:
+    """The `ray start` PIDs of the workers joined to ``job``'s standbys, in order; empty
+    until one joined the latest standby."""
+    lines = log_of(s, job).splitlines()
+    ready = max((i for i, line in enumerate(lines) if "event=standby_head_ready" in line), default=None)
+    pids = [(i, int(line.split(" pid=", 1)[1].split()[0])) for i, line in enumerate(lines)
+            if "event=standby_worker_joined" in line]
+    return [pid for _, pid in pids] if ready is not None and any(i > ready for i, _ in pids) else []
+
+
 def log_of(s: Session, job: str) -> str:
     return (s.dir.log_dir / f"worker-{job}.out").read_text(errors="replace")
 
@@ -121,6 +131,12 @@ def test_the_standby_follows_the_election_and_becomes_the_head_without_a_start(t
                    message="the node file still names the dropped standby")
         moved = wait_until(lambda: standby_of(s, short), timeout=120, message="the standby was not placed again")
         seen += processes_of(moved.pid)
+        # With it, a worker joined to it (agent.head.standby_worker); the dropped one's processes are gone.
+        warm = wait_until(lambda: warm_pids(s, short), timeout=120, message="no worker joined to the standby")
+        old_warm = [p for pid in warm[:-1] if psutil.pid_exists(pid) for p in processes_of(pid)]
+        wait_until(lambda: not any(alive(p) for p in old_warm), timeout=60,
+                   message="processes of a dropped standby's worker are left")
+        seen += processes_of(warm[-1])
 
         # Losing the head: the election takes the standby's allocation and only publishes it.
         s.scheduler.cancel(head)
@@ -156,11 +172,12 @@ def test_the_standby_follows_the_election_and_becomes_the_head_without_a_start(t
         registered = [i for i, line in enumerate(lines) if "event=standby_head_registered" in line]
         assert ready and len(registered) >= len(ready), (ready, registered)
         assert all(any(r < i for r in registered) for i in ready), "a standby counted as ready before it registered"
-        gate = next(i for i, line in enumerate(lines)   # (not_registered: it waited its 3 s, then went ahead)
-                if i > asked and ("event=hosted_head_registered" in line or "event=hosted_head_not_registered" in line))
-        worker_start = next(i for i, line in enumerate(lines)
-                            if i > asked and "event=ray_memory" in line and "hosted=False" in line)
-        assert gate < worker_start, "the hosting node's worker started before its head registered"
+        # The hosting node's worker took over the worker kept joined to the
+        # standby (agent.head.standby_worker): no `ray start` of its own.
+        adopted = [i for i, line in enumerate(lines) if i > asked and "event=standby_worker_adopted" in line]
+        fresh = [line for line in lines[asked:] if "event=ray_memory" in line and "role=worker" in line]
+        assert adopted and fresh == [], f"the hosting node's worker started afresh: {fresh}"
+        assert any("event=standby_worker_joined" in line for line in lines[:asked])
         out = tmp_path / "probe.json"
         with out.open("w") as handle:
             assert s.run([sys.executable, "-c", PROBE], stdout=handle).wait(timeout=120).returncode == 0

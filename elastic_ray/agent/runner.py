@@ -132,7 +132,7 @@ class Agent:
                          self.launcher.port_strategy),
             self.local, options.start_timeout, log=self._log, ensure_publisher=self.publishing.ensure,
             write_endpoint=self.publishing.write_endpoint, publish_status=lambda: self._publish_status(force_session=True),
-            status_soon=self._request_status)
+            status_soon=self._request_status, standby_worker=knobs.STANDBY_WORKER.read() == "on")
         self.mark_dead = MarkDeadService(self.session, options.job_id, self._serves_head, self._post_call,
                                          self.control.answer, self._log)
         self._requests = requests.handlers(
@@ -153,7 +153,7 @@ class Agent:
 
     @property
     def hosted_state(self) -> dict[str, Any] | None:
-        return self.hosted_head.record.as_status()
+        return self.hosted_head.status()
 
     @property
     def _handover(self) -> tuple[int, float] | None:
@@ -341,7 +341,9 @@ class Agent:
                 if not handle.raylet.alive():  # a drained raylet exits 0 while `ray start --block` stays up
                     handle.reported = True
                     self._feed(RayEnded(now, "the raylet ended"))
-        self.hosted_head.watch(now)
+        own = self.ctx.head_job == self.o.job_id
+        self.hosted_head.watch(now, joined_own_head=own and self.ctx.state is State.JOINED,
+                               leaving=self.ctx.state in (State.DRAINING, State.LEFT, State.RELEASED))
 
     # ------------------------------------------------------------ signals and posted events
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -421,7 +423,10 @@ class Agent:
         own_head = role == "worker" and head_job == self.o.job_id
         if own_head and not join.hosted_head_registered(self.local, generation, self._log):
             return  # superseded while it waited for the head this node hosts
-        event = join.start_and_join(self.local, head_address, generation, role, self.o.start_timeout, self._log)
+        # The head this node hosts was a standby: its warm worker is in that cluster already.
+        event = self.hosted_head.worker.adopt(head_address, generation, lambda: not self.local.current(generation)) \
+            if own_head else None
+        event = event or join.start_and_join(self.local, head_address, generation, role, self.o.start_timeout, self._log)
         if event is not None:
             self._post(generation, event)
 

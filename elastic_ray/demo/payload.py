@@ -10,7 +10,9 @@ Two optional environment knobs serve the fault matrix (``integration/faults``),
 which must tell a unit computed twice from a unit committed twice:
 ``ELASTIC_RAY_PAYLOAD_TRACE`` names a file that gets one line per attempt
 (``start UNIT TIME NODE``, written by the task on its node) and per commit
-(``commit UNIT TIME``, written by the driver); ``ELASTIC_RAY_PAYLOAD_UNIT_SECONDS``
+(``commit UNIT TIME``, written by the driver), and ``driver begun TIME`` /
+``driver connected TIME`` when a driver's process began and its ``ray.init()``
+returned; ``ELASTIC_RAY_PAYLOAD_UNIT_SECONDS``
 sets how long a unit computes (0.3 s by default).
 """
 
@@ -75,10 +77,15 @@ def _append(path: str, line: str) -> None:
 
 
 def main() -> int:
+    trace = knobs.PAYLOAD_TRACE.read()
+    if trace:   # when the driver began and connected: phases of a relaunch (bench_head_capacity)
+        _append(trace, f"driver begun {time.time():.3f}\n")
     import ray
 
     path, total = sys.argv[1], int(sys.argv[2])
     ray.init(logging_level="ERROR", log_to_driver=False)
+    if trace:
+        _append(trace, f"driver connected {time.time():.3f}\n")
     commit_units(path, total, lambda line: print(line, flush=True))
     return 0
 

@@ -22,6 +22,7 @@ from typing import Callable
 from ..node import join
 from .hosted import (
     Goal,
+    HostedState,
     DropRequested,
     EndpointWritten,
     ExitWanted,
@@ -52,6 +53,7 @@ from .hosted import (
 from ..node.local_ray import LocalRay, RayHandle
 from ..node.proc_watch import ProcWatch
 from .publishing import WRITE_RETRY_SECONDS, RetriedWrite
+from .standby_worker import StandbyWorker
 from ..machine import Exit, State
 
 
@@ -59,8 +61,10 @@ class HostedHead:
     def __init__(self, settings: HostSettings, local: LocalRay, start_timeout: float, *,
                  log: Callable[..., None], ensure_publisher: Callable[[], None],
                  write_endpoint: Callable[[RayHandle], None], publish_status: Callable[[], None],
-                 status_soon: Callable[[], None]):
+                 status_soon: Callable[[], None], standby_worker: bool = True):
         self.local = local
+        # A worker joined to the standby ahead of need (agent.head.standby_worker).
+        self.worker = StandbyWorker(local, start_timeout, log, enabled=standby_worker, status_soon=status_soon)
         self.start_timeout = start_timeout
         self._log = log
         self._ensure_publisher = ensure_publisher
@@ -73,6 +77,15 @@ class HostedHead:
     @property
     def record(self) -> Hosting:
         return self._record
+
+    def status(self) -> dict | None:
+        """The ``hosted_head`` entry of the agent's status; a standby's names
+        its worker once that joined (``worker_pid``)."""
+        entry = self._record.as_status()
+        warm = self.local.warm
+        if entry is not None and self._record.state is HostedState.STANDBY and warm is not None and warm.node_id:
+            entry["worker_pid"] = warm.node.pid
+        return entry
 
     def heartbeat(self, node_state: State) -> tuple[bool, bool]:
         return heartbeat(self._record, node_state)
@@ -93,11 +106,13 @@ class HostedHead:
     def _reply(self, event: HostedEvent) -> dict:
         return next(a.body for a in self._handle(event) if isinstance(a, Reply))
 
-    def watch(self, now: float) -> None:
-        """Notice that the Ray of a ready hosted head (or of the standby) ended."""
+    def watch(self, now: float, joined_own_head: bool = False, leaving: bool = False) -> None:
+        """Notice that the Ray of a ready hosted head (or of the standby) ended;
+        drop the standby's warm worker once it is not wanted."""
         handle = self.local.hosted
         if handle is not None and watched(self._record) and handle.node.poll_exit() is not None:
             self._handle(HostedRayEnded(now))
+        self.worker.watch(self._record, joined_own_head=joined_own_head, leaving=leaving)
 
     def exit_wanted(self, now: float, code: int, drain_deadline: float | None,
                     read_pointer: Callable[[], str | None]) -> int | None:
@@ -159,6 +174,7 @@ class HostedHead:
             self._handle(EndpointWritten(time.time(), handle.address))
 
     def _kill_standby(self, handle: RayHandle | None) -> None:
+        self.worker.drop("the standby is dropped")
         if handle is not None:
             self.local.kill_hosted(handle)
             shutil.rmtree(handle.temp_dir, ignore_errors=True)   # a run may move its standby many times
@@ -190,6 +206,8 @@ class HostedHead:
         handle.raylet = ProcWatch.find(handle.node.raylet_pid())
         self._handle(HostedStarted(time.time(), handle.address, up and handle.node.poll_exit() is None,
                                    handle.node.pid), handle)
+        if self._record.state is HostedState.STANDBY and self.local.hosted is handle:
+            self.worker.start(handle)
 
 
 def _exit_code(actions: list[HostedAction]) -> int | None:

@@ -16,6 +16,10 @@ hosted head. Everything shared is guarded by ``lock``:
 - ``hosted``: the hosted head's node. Written under the lock by the
   hosted-head thread (launch, and dropping a head that did not start) and by
   the loop at exit; the loop reads a snapshot.
+- ``warm``: a worker node joined to this node's standby head ahead of need
+  (``agent.head.standby_worker``). Written under the lock by the hosted-head
+  thread (launch), by whoever drops it, and by the effects thread when the
+  node's worker takes it over (``adopt_warm``).
 - ``nodes``: every node ever launched, for the final sweep; ``_starts``
   numbers the temp dirs; ``stopping``: set once at exit, no launch after it.
 
@@ -51,6 +55,10 @@ from .ray_memory import MemoryPlan, plan_memory, read_cgroup_limit, shm_free_byt
 from .ray_node import RayNode, free_port
 
 log = logging.getLogger("elastic_ray.agent")
+
+#: The warm worker's raylet starts one idle Python worker per CPU at its start,
+#: assignable to any job: the relaunched driver's first tasks find them ready.
+WARM_WORKER_ENV = {"RAY_enable_worker_prestart": "1"}
 
 
 @dataclass
@@ -91,6 +99,7 @@ class LocalRay:
         self.generation = 0
         self.ray: RayHandle | None = None
         self.hosted: RayHandle | None = None
+        self.warm: RayHandle | None = None
         self.nodes: list[RayNode] = []
         self._starts = 0
         self._temp_dirs: list[str] = []
@@ -119,9 +128,11 @@ class LocalRay:
             return not self.stopping and (generation is None or generation == self.generation)
 
     # ------------------------------------------------------------ effects (effects or hosted-head thread)
-    def launch(self, head_address: str | None, generation: int | None, role: str) -> RayHandle | None:
+    def launch(self, head_address: str | None, generation: int | None, role: str, *,
+               warm: bool = False) -> RayHandle | None:
         """Start `ray start` for ``role`` ("head" or "worker"); ``generation`` None
-        is the hosted head. None if superseded (a node launched meanwhile is stopped)."""
+        is the hosted head, or with ``warm`` the worker joined to the standby head
+        (see ``warm``). None if superseded (a node launched meanwhile is stopped)."""
         hosted = generation is None
         if not self.current(generation):
             return None  # superseded before it began (a stop or another start came first)
@@ -131,7 +142,7 @@ class LocalRay:
         ports = choose_ports(self.launcher.port_strategy, p.job_id, role, free_port, head_port=self.launcher.head_port)
         labels = {"slurm.job-id": p.job_id, "slurm.node": p.node}
         alloc = self.allocation if isinstance(self.allocation, SlurmWorkerAllocationConfig) else None
-        plan = self.memory_plan(role, hosted)
+        plan = self.memory_plan(role, hosted and not warm)
         exe = simulation.ray_executable()   # None: this environment's ray (a stand-in only in simulations)
         if role == "head":
             cmd = build_ray_start("head", job_id=p.job_id, node_ip=p.node_ip, temp_dir=temp_dir,
@@ -147,9 +158,13 @@ class LocalRay:
                 num_cpus=slurm_cpus_on_node(os.environ) or 1, num_gpus=worker_gpus(self.launcher, alloc),
                 memory_bytes=plan.memory, object_store_bytes=plan.object_store, labels=labels,
                 token_path=self.token_path, ray_executable=exe)
-        self._log("ray_memory", role=role, hosted=hosted, grant=plan.grant, source=plan.source, share=plan.share,
-                  memory=plan.memory, object_store=plan.object_store)
-        log_path = p.log_dir / paths.ray_log_name(p.job_id, p.node, role, hosted)
+            if warm:
+                # Its worker processes up before a driver asks (see agent.head.standby_worker).
+                cmd = replace(cmd, env={**cmd.env, **WARM_WORKER_ENV})
+        self._log("ray_memory", role=role, hosted=hosted and not warm, grant=plan.grant, source=plan.source,
+                  share=plan.share, memory=plan.memory, object_store=plan.object_store,
+                  **({"standby_worker": True} if warm else {}))
+        log_path = p.log_dir / paths.ray_log_name(p.job_id, p.node, role, hosted)   # warm: "worker-hosted"
         started = time.time()
         node = RayNode.start(cmd, log_path)
         address = head_address if role == "worker" else cmd.gcs_address
@@ -158,7 +173,9 @@ class LocalRay:
             self.nodes.append(node)
             superseded = self.stopping or (not hosted and generation != self.generation)
             if not superseded:
-                if hosted:
+                if warm:
+                    self.warm = handle
+                elif hosted:
                     self.hosted = handle
                 else:
                     self.ray = handle
@@ -195,6 +212,23 @@ class LocalRay:
         if handle.node_id and self.on_stopped is not None:
             self.on_stopped(handle)
 
+    def take_warm(self, handle: RayHandle | None = None) -> RayHandle | None:
+        """Take the warm worker (only ``handle``, when given) out of ``warm``; its taker stops it."""
+        with self.lock:
+            taken = self.warm if handle is None or self.warm is handle else None
+            if taken is not None:
+                self.warm = None
+        return taken
+
+    def adopt_warm(self, handle: RayHandle, generation: int) -> bool:
+        """The node's worker takes the warm worker as its own Ray node (a start of ``generation``)."""
+        with self.lock:
+            if self.stopping or generation != self.generation or self.warm is not handle:
+                return False
+            self.warm, self.ray = None, handle
+            handle.generation = generation
+        return True
+
     def kill_hosted(self, handle: RayHandle) -> None:
         """A hosted head that did not start: it serves nobody."""
         handle.node.kill()
@@ -216,8 +250,8 @@ class LocalRay:
     # ------------------------------------------------------------ exit (event loop, after the effects thread ended)
     def take_all(self) -> list[RayHandle]:
         with self.lock:
-            handles = [h for h in (self.ray, self.hosted) if h is not None]
-            self.ray = self.hosted = None
+            handles = [h for h in (self.ray, self.warm, self.hosted) if h is not None]
+            self.ray = self.warm = self.hosted = None
         return handles
 
     def sweep(self) -> None:

@@ -421,7 +421,8 @@ def parse_job_output_name(name: str) -> tuple[str, str] | None:
 
 
 def ray_log_name(job_id: str, node: str, role: str, hosted: bool = False) -> str:
-    """The output of one ``ray start``: a node's own Ray node, or (``hosted``) the head it hosts."""
+    """The output of one ``ray start``: a node's own Ray node, or (``hosted``) the head it
+    hosts and (role ``worker``) the worker kept joined to that head while it is a standby."""
     suffix = "-hosted" if hosted else ""
     return f"ray-{job_id}-{node}-{role}{suffix}.log"
 

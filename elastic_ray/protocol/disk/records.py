@@ -635,6 +635,7 @@ class HostedHead:
     reason: str | None = None
     pid: int | None = None        # STANDBY, READY: the PID of its `ray start`
     failures: int | None = None   # FAILED: failed starts since one last came up (None: an older agent)
+    worker_pid: int | None = None  # STANDBY: the `ray start` of the worker joined to it, once joined
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"state": self.state.value}
@@ -647,6 +648,8 @@ class HostedHead:
             data["pid"] = self.pid
         if self.failures is not None:
             data["failures"] = self.failures
+        if self.worker_pid is not None:
+            data["worker_pid"] = self.worker_pid
         return data
 
     @classmethod
@@ -658,6 +661,7 @@ class HostedHead:
             reason=_get(data, "reason", str, optional=True),
             pid=_get(data, "pid", int, optional=True),
             failures=_get(data, "failures", int, optional=True),
+            worker_pid=_get(data, "worker_pid", int, optional=True),
         )
 
 
