@@ -8,12 +8,13 @@ and real Ray (no Slurm lab); hold the lab lock on a shared box:
 Each run alternates sessions built the same way but for the launcher:
 ``bare`` (``standby_head=False, network_keepalive_ms=None``: neither),
 ``standby`` (the warm standby only), ``keepalive`` (gRPC keepalive every
-2 s only) and ``default`` (``RayLauncher()``, whatever the defaults are in
-this tree). Each session: a separate head on ``cpu``, one worker allocation
+2 s only), ``default`` (``RayLauncher()``, whatever the defaults are in
+this tree) and ``nowarm`` (the default without the worker kept joined to the
+standby, ``ELASTIC_AGENT_STANDBY_WORKER=off``). Each session: a separate head on ``cpu``, one worker allocation
 of one node with 2 CPUs on ``gpu-a``, the session's own supervisor
 (``Session.create``'s default, which places the standby). Once the worker
 is JOINED (and, where a standby is wanted, its first node reports it as
-STANDBY) and ``--settle`` seconds passed, the processes of the head's job
+STANDBY, with its worker where it keeps one) and ``--settle`` seconds passed, the processes of the head's job
 and of the worker's job (by the ``SLURM_JOB_ID`` and ``SLURM_JOB_NAME`` in their environment: the
 agents, the Ray nodes and the standby's GCS, raylet and helpers) are
 measured over ``--seconds``: how many, their RSS and PSS summed, and the
@@ -51,7 +52,10 @@ MODES = {
     "standby": {"standby_head": True, "network_keepalive_ms": None},
     "keepalive": {"standby_head": False, "network_keepalive_ms": 2000},
     "default": {},
+    "nowarm": {},   # the default without the standby's worker (ELASTIC_AGENT_STANDBY_WORKER=off)
 }
+#: Agent settings of a mode (forwarded to its nodes by the session).
+MODE_ENV = {"nowarm": {"ELASTIC_AGENT_STANDBY_WORKER": "off"}}
 
 
 def job_processes(job: str, name: str) -> list[psutil.Process]:
@@ -106,9 +110,16 @@ def first_node_state(session: Session, job: str):
 
 def one_run(work: Path, mode: str, settle: float, seconds: float) -> dict[str, dict[str, float]]:
     launcher = RayLauncher(object_store_memory=100_000_000, **MODES[mode])
-    session = Session.create(work / f"{mode}-{time.time_ns()}", scheduler="local",
-                             head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="1G"),
-                             launcher=launcher)
+    saved = {k: os.environ.get(k) for k in MODE_ENV.get(mode, {})}
+    os.environ.update(MODE_ENV.get(mode, {}))
+    try:
+        session = Session.create(work / f"{mode}-{time.time_ns()}", scheduler="local",
+                                 head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="1G"),
+                                 launcher=launcher)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    warm = mode != "nowarm"
     try:
         session.wait_for_head(timeout=120)
         handle = session.add_worker_allocation(SlurmWorkerAllocationConfig(
@@ -120,7 +131,8 @@ def one_run(work: Path, mode: str, settle: float, seconds: float) -> dict[str, d
         ready = float("nan")
         if launcher.keeps_standby:
             wait_for(lambda: (s := first_node_state(session, handle.job_id)) is not None
-                     and s.hosted_head is not None and s.hosted_head.state is HostedHeadState.STANDBY,
+                     and s.hosted_head is not None and s.hosted_head.state is HostedHeadState.STANDBY
+                     and (s.hosted_head.worker_pid is not None or not warm),
                      timeout=180, interval=0.2, what="the standby head")
             ready = time.time() - joined_at
         time.sleep(settle)

@@ -649,7 +649,8 @@ def test_status_notes_a_standby_head_and_a_failed_hosted_head():
     record, jobs, nodes, endpoint, observation = _fabricated()
     nodes = dict(nodes)
     nodes["21"] = dict(nodes["21"], **{"gpua-1": replace(
-        nodes["21"]["gpua-1"], hosted_head=HostedHead(HostedHeadState.STANDBY, NOW - 3, address="10.0.0.5:6380"))})
+        nodes["21"]["gpua-1"], hosted_head=HostedHead(HostedHeadState.STANDBY, NOW - 3, address="10.0.0.5:6380",
+                                                      worker_pid=4242))})
     nodes["22"] = {"gpub-1": replace(nodes["22"]["gpub-1"], hosted_head=HostedHead(HostedHeadState.FAILED, NOW - 3,
                                                                                      reason="it stopped", failures=3))}
     status = _status(nodes=nodes)
@@ -661,6 +662,7 @@ def test_status_notes_a_standby_head_and_a_failed_hosted_head():
             failed["hosted_head_retry_at"]) == ("FAILED", 3, "it stopped", NOW - 3 + 120)
     assert "hosted_head_failures" not in rows["21"]["nodes"][0]
     flat = " ".join(_text(status).split())    # the notes cell wraps
-    assert "standby head" in flat
+    assert "standby head (with its worker)" in flat
+    assert rows["21"]["nodes"][0]["hosted_head_worker_pid"] == 4242
     assert "hosted head FAILED 3x in a row (it stopped); a standby's next try in 1m57s" in flat, flat
     assert "standby head" not in _text(_status())

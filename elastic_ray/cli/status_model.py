@@ -108,6 +108,9 @@ def _node_rows(info: JobInfo | None, states: Mapping[str, NodeState], now: float
             # The head-only control plane this node hosts: READY (the run's head),
             # STANDBY (RayLauncher.standby_head), STARTING, FAILED; None: none.
             "hosted_head": None if state is None or state.hosted_head is None else state.hosted_head.state.value,
+            # A STANDBY's worker kept joined to it (agent.head.standby_worker): its `ray start`, once joined.
+            **({} if state is None or state.hosted_head is None or state.hosted_head.worker_pid is None
+               else {"hosted_head_worker_pid": state.hosted_head.worker_pid}),
             # A FAILED one: failed starts in a row, why, and when the keeper tries a standby there again.
             **({} if state is None or (failed := next_try_at(state.hosted_head)) is None or state.hosted_head is None
                else {"hosted_head_failures": state.hosted_head.failures or 1,

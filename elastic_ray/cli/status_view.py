@@ -71,7 +71,8 @@ def _hosted_text(nodes: list[Mapping[str, Any]], now: float) -> str:
     """A note for a warm standby head (or a hosted head that failed) on one of the job's nodes."""
     states = {n.get("hosted_head") for n in nodes}
     if "STANDBY" in states:
-        return "standby head"
+        warm = any(n.get("hosted_head") == "STANDBY" and n.get("hosted_head_worker_pid") for n in nodes)
+        return "standby head (with its worker)" if warm else "standby head"
     failed = next((n for n in nodes if n.get("hosted_head") == "FAILED"), None)
     if failed is None:
         return ""

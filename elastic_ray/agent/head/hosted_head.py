@@ -64,7 +64,9 @@ class HostedHead:
                  status_soon: Callable[[], None], standby_worker: bool = True):
         self.local = local
         # A worker joined to the standby ahead of need (agent.head.standby_worker).
-        self.worker = StandbyWorker(local, start_timeout, log, enabled=standby_worker, status_soon=status_soon)
+        # (not with hash_jobid: its worker ports are the node's worker's, one block per role)
+        self.worker = StandbyWorker(local, start_timeout, log, status_soon=status_soon,
+                                    enabled=standby_worker and settings.port_strategy == "random")
         self.start_timeout = start_timeout
         self._log = log
         self._ensure_publisher = ensure_publisher

@@ -58,7 +58,11 @@ log = logging.getLogger("elastic_ray.agent")
 
 #: The warm worker's raylet starts one idle Python worker per CPU at its start,
 #: assignable to any job: the relaunched driver's first tasks find them ready.
+#: Each costs about 75 MiB RSS and a little CPU while idle (bench_run_cost), so
+#: only on a node of at most WARM_PRESTART_MAX_CPUS CPUs; a bigger one starts
+#: its worker processes when the first tasks come, as any node does.
 WARM_WORKER_ENV = {"RAY_enable_worker_prestart": "1"}
+WARM_PRESTART_MAX_CPUS = 8
 
 
 @dataclass
@@ -158,7 +162,7 @@ class LocalRay:
                 num_cpus=slurm_cpus_on_node(os.environ) or 1, num_gpus=worker_gpus(self.launcher, alloc),
                 memory_bytes=plan.memory, object_store_bytes=plan.object_store, labels=labels,
                 token_path=self.token_path, ray_executable=exe)
-            if warm:
+            if warm and (slurm_cpus_on_node(os.environ) or 1) <= WARM_PRESTART_MAX_CPUS:
                 # Its worker processes up before a driver asks (see agent.head.standby_worker).
                 cmd = replace(cmd, env={**cmd.env, **WARM_WORKER_ENV})
         self._log("ray_memory", role=role, hosted=hosted and not warm, grant=plan.grant, source=plan.source,
