@@ -154,12 +154,12 @@ def phases(res: Result) -> dict[str, float | None]:
     # Units the old driver had dispatched can still start just after the
     # fault; the relaunched driver's first unit starts after replace_head().
     after = tf + (out["elected"] or 0.0)
-    starts = sorted(float(p[2]) for p in (ln.split() for ln in _read(res.trace))
-                    if len(p) >= 4 and p[0] == "start" and float(p[2]) > after)
+    trace = [ln.split() for ln in _read(res.trace)]
+    starts = sorted(float(p[2]) for p in trace if len(p) >= 4 and p[0] == "start" and float(p[2]) > after)
     out["task runs"] = rel(starts[0]) if starts else None
     for what in ("begun", "connected"):   # the relaunched driver: its process, its ray.init()
-        seen = sorted(float(p[2]) for p in (ln.split() for ln in _read(res.trace))
-                      if len(p) >= 3 and p[0] == "driver" and p[1] == what and float(p[2]) > after)
+        seen = sorted(float(p[2]) for p in trace if len(p) >= 3 and p[0] == "driver" and p[1] == what
+                      and float(p[2]) > after)
         out[f"driver {what}"] = rel(seen[0]) if seen else None
     out["work again"] = None if res.work_again is None else round(res.work_again, 2)
     # Not after the fault: how long after the session was up the supervisor's standby was ready.

@@ -34,6 +34,7 @@ import shutil
 import statistics
 import sys
 import time
+from unittest import mock
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,15 +111,10 @@ def first_node_state(session: Session, job: str):
 
 def one_run(work: Path, mode: str, settle: float, seconds: float) -> dict[str, dict[str, float]]:
     launcher = RayLauncher(object_store_memory=100_000_000, **MODES[mode])
-    saved = {k: os.environ.get(k) for k in MODE_ENV.get(mode, {})}
-    os.environ.update(MODE_ENV.get(mode, {}))
-    try:
+    with mock.patch.dict(os.environ, MODE_ENV.get(mode, {})):   # recorded in session.json at create
         session = Session.create(work / f"{mode}-{time.time_ns()}", scheduler="local",
                                  head=SlurmRunAllocationConfig(partition="cpu", time_limit="30", mem="1G"),
                                  launcher=launcher)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     warm = mode != "nowarm"
     try:
         session.wait_for_head(timeout=120)

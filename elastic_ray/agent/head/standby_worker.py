@@ -75,7 +75,6 @@ class StandbyWorker:
         self.start_timeout = start_timeout
         self.enabled = enabled
         self._log = log
-        self._settled: dict[int, threading.Event] = {}   # id(handle) -> set once its start is over
 
     # ------------------------------------------------------------ the hosted-head thread
     def start(self, standby: RayHandle) -> None:
@@ -85,7 +84,6 @@ class StandbyWorker:
         handle = self.local.launch(standby.address, None, "worker", warm=True)
         if handle is None:
             return
-        settled = self._settled.setdefault(id(handle), threading.Event())
         try:
             joined = join.wait_joined(handle.node, handle.address, handle.temp_dir, handle.started,
                                       handle.started + self.start_timeout,
@@ -101,7 +99,7 @@ class StandbyWorker:
             else:
                 self.drop("it did not join", handle)
         finally:
-            settled.set()
+            handle.settled.set()
 
     # ------------------------------------------------------------ the effects thread
     def adopt(self, head_address: str | None, generation: int, cancelled: Callable[[], bool]) -> RayJoined | None:
@@ -112,14 +110,11 @@ class StandbyWorker:
         if handle is None or head_address is None or handle.address != head_address:
             return None
         t0 = time.time()
-        settled = self._settled.setdefault(id(handle), threading.Event())
-        while not settled.wait(0.05):
+        while not handle.settled.wait(0.05):
             if cancelled() or self.local.warm is not handle or time.time() - t0 > ADOPT_WAIT:
                 return None
-        alive = handle.node.poll_exit() is None and (handle.raylet is None or handle.raylet.alive())
-        if not (handle.node_id and alive) or not self.local.adopt_warm(handle, generation):
+        if not handle.node_id or handle.ended() or not self.local.adopt_warm(handle, generation):
             return None
-        self._settled.pop(id(handle), None)
         self._log("standby_worker_adopted", node_id=handle.node_id, waited=f"{time.time() - t0:.2f}s")
         return RayJoined(time.time(), handle.node_id)
 
@@ -129,8 +124,7 @@ class StandbyWorker:
         handle = self.local.warm
         if handle is None:
             return
-        ended = handle.node.poll_exit() is not None or (handle.raylet is not None and not handle.raylet.alive())
-        verdict, why = wanted(h, joined_own_head=joined_own_head, leaving=leaving, ray_ended=ended)
+        verdict, why = wanted(h, joined_own_head=joined_own_head, leaving=leaving, ray_ended=handle.ended())
         if verdict is Verdict.DROP and self.local.take_warm(handle) is not None:
             # Promoted, its node is in the run's cluster: the head hears it is gone.
             report = h.state is HostedHeadState.READY
@@ -144,7 +138,6 @@ class StandbyWorker:
             self._stop(taken, why)
 
     def _stop(self, handle: RayHandle, why: str, report: bool = False) -> None:
-        self._settled.pop(id(handle), None)
         if not report:
             handle.node_id = None   # its GCS is an unpromoted standby's: nobody there to tell
         self.local.stop(handle, graceful=False)

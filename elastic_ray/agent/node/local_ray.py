@@ -77,6 +77,11 @@ class RayHandle:
     started: float = 0.0
     log_path: Path | None = None
     node_id: str | None = None  # a worker node's Ray id once joined (join.start_and_join)
+    settled: threading.Event = field(default_factory=threading.Event)  # the warm worker: its start is over
+
+    def ended(self) -> bool:
+        """Its `ray start` exited, or its raylet did (a drained raylet exits while `ray start` stays)."""
+        return self.node.poll_exit() is not None or (self.raylet is not None and not self.raylet.alive())
 
 
 @dataclass(frozen=True)
