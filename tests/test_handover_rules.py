@@ -187,6 +187,33 @@ def test_in_signal_window(signal, end_in, inside):
     assert in_signal_window(signal, None if end_in is None else now + end_in, now) is inside
 
 
+def _head_state(state: str, transitions: list[tuple[float, str]]):
+    from elastic_ray.protocol.disk.records import AgentRole, AgentState, NodeState, Transition
+
+    return NodeState(session="s", job_id="1", node="n1", node_ip="127.0.0.1", role=AgentRole.HEAD,
+                     state=AgentState(state), since=0.0, max_restarts=3, rejoin_timeout=60.0,
+                     started_at=0.0, updated_at=0.0, pid=1, control="tcp://127.0.0.1:1",
+                     transitions=tuple(Transition(at, AgentState.JOINED, AgentState(to), "")
+                                       for at, to in transitions))
+
+
+@pytest.mark.parametrize("state, transitions, drained", [
+    ("JOINED", [], False),                                  # a driver that ended on its own
+    ("DRAINING", [], True),                                 # draining now (signal, walltime lead, removal)
+    ("LEFT", [(110.0, "DRAINING"), (111.0, "LEFT")], True),  # handed over before the driver looked
+    ("LEFT", [(90.0, "DRAINING"), (91.0, "LEFT")], False),   # a drain before this driver started
+    ("LEFT", [(111.0, "LEFT")], False),                     # left without draining (a kill)
+])
+def test_a_driver_counts_the_heads_drain_since_it_started(state, transitions, drained):
+    """A head drained ahead of its walltime without any signal hands over
+    within half a second when a standby is ready: the driver must still see
+    a drain (SlurmStepDrained), from the published transitions."""
+    from elastic_ray.coordinator.drivers import head_drained_since
+
+    assert head_drained_since([_head_state(state, transitions)], since=100.0) is drained
+    assert head_drained_since([], since=100.0) is False
+
+
 # ---------------------------------------------------------------- the claim as a lease
 
 def test_a_claim_whose_holder_is_known_dead_is_taken_at_once():

@@ -34,7 +34,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import knobs
@@ -45,7 +45,7 @@ from ..errors import ElasticRayError, SlurmAllocationEnded, SlurmStepDrained
 from ..polling import wait_for
 from ..protocol.disk import event_log
 from ..protocol.disk.events import EventKind, EventSource
-from ..protocol.disk.records import AgentState
+from ..protocol.disk.records import AgentState, NodeState
 from ..ray_auth import apply_auth_env
 from ..scheduler.base import JobState
 from .allocations.pacing import watch_max_age
@@ -121,6 +121,15 @@ def drained_head_handed_over(gone: str, head_state: JobState | None) -> bool:
     return gone == "REPLACED" and head_state in (JobState.RUNNING, JobState.COMPLETED)
 
 
+def head_drained_since(states: Iterable[NodeState], since: float) -> bool:
+    """Pure: did the head's agent go DRAINING at or after ``since``? Its node
+    file says so while it drains, and its published transitions once it left
+    (a hand-over can be over before a driver looks)."""
+    return any(state.state is AgentState.DRAINING
+               or any(t.to_state is AgentState.DRAINING and t.at >= since for t in state.transitions)
+               for state in states)
+
+
 def in_signal_window(signal_before_timeout: str | None, end_time: float | None, now: float) -> bool:
     """Pure: could the pre-walltime signal of the head's allocation have come by now?
 
@@ -172,15 +181,16 @@ class PayloadRun:
         config = worker.config if worker is not None else self.session.info.head
         return config.get("signal_before_timeout")
 
-    def _moved_by_the_signal(self) -> bool:
-        """The driver ended or its head moved; did Slurm's pre-walltime signal
-        cause it (the head drains)?"""
-        if self._signal is None:
-            return False
+    def _moved_by_a_drain(self) -> bool:
+        """The driver ended or its head moved; did the head drain (Slurm's
+        pre-walltime signal, the head's own drain ahead of its walltime, a
+        removal) rather than end?"""
         info = self.session.job_info(self.head.job_id, unreachable_ok=True)
         if info is None or info.state is not JobState.RUNNING:
             return False  # the allocation is ending: not a hand-over
-        if not in_signal_window(self._signal, info.end_time, time.time()):
+        if self._head_drained():
+            return True
+        if self._signal is None or not in_signal_window(self._signal, info.end_time, time.time()):
             return False
         # Draining, or already handed over (an election can be quicker than
         # our look): either way the head moves because of its signal. The
@@ -191,13 +201,13 @@ class PayloadRun:
         deadline = time.monotonic() + DRAIN_NEWS_WAIT
         while True:
             obs = self.session.observe_head(wait=DRAIN_NEWS_STEP)
-            if obs.job != self.head.job_id or obs.draining:
-                return True
-            states = self.session.node_states(self.head.job_id).values()
-            if any(state.state is AgentState.DRAINING for state in states):
+            if obs.job != self.head.job_id or obs.draining or self._head_drained():
                 return True
             if time.monotonic() >= deadline:
                 return False
+
+    def _head_drained(self) -> bool:
+        return head_drained_since(self.session.node_states(self.head.job_id).values(), self.started)
 
     def stop(self) -> None:
         """Stop the driver now (SIGTERM to its process group, SIGKILL after a grace)."""
@@ -290,7 +300,7 @@ class PayloadRun:
                 gone = self._head_gone(0.0 if rc is not None else watch_max_age())
             # The driver ended, or its head moved before we saw it drain (a
             # quick election can pass between two checks): was it the signal?
-            if (rc is not None or gone is not None) and not self._drained and self._moved_by_the_signal():
+            if (rc is not None or gone is not None) and not self._drained and self._moved_by_a_drain():
                 self._drained = True
                 log.info("event=driver_signalled session=%s head=%s reason=pre_walltime_signal",
                          self.session.job_name, self.head.job_id)
