@@ -299,10 +299,12 @@ class PayloadRun:
                 # An exit is judged on a fresh answer; a running driver's watch takes the shared one.
                 gone = self._head_gone(0.0 if rc is not None else watch_max_age())
             # The driver ended, or its head moved before we saw it drain (a
-            # quick election can pass between two checks): was it the signal?
-            if (rc is not None or gone is not None) and not self._drained and self._moved_by_a_drain():
+            # quick election can pass between two checks): did the head drain?
+            # (A head whose job ends is lost, not drained: no need to ask.)
+            if (rc is not None or gone is not None) and gone in (None, "REPLACED") and not self._drained \
+                    and self._moved_by_a_drain():
                 self._drained = True
-                log.info("event=driver_signalled session=%s head=%s reason=pre_walltime_signal",
+                log.info("event=driver_signalled session=%s head=%s reason=head_drained",
                          self.session.job_name, self.head.job_id)
             if gone is not None:
                 self.stop()
