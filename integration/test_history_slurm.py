@@ -104,7 +104,14 @@ def _joined(session: Session, job: str, head: str) -> bool:
     return any(s.state is AgentState.JOINED and s.head_job == head for s in session.node_states(job).values())
 
 
+@pytest.mark.slow
 def test_a_night_s_run_told_by_its_events_usage_and_timeline(slurm_lab, monkeypatch, tmp_path):
+    """Full tier (the whole night's story again, after the per-change parts).
+    On every change: ``test_dagster_slurm::test_head_cancelled_mid_asset_seed_loop``
+    reads a lab run's head move and node-hours back from its event log (the
+    materialization's usage metadata), ``test_lab::test_accounting_answers_with_a_finished_job_s_figures``
+    asks the lab's slurmdbd, and ``tests/test_history_timeline.py`` opens a
+    timeline in a real headless browser."""
     monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
     monkeypatch.setenv("ELASTIC_AGENT_GPU_SAMPLE_INTERVAL", "1")    # forwarded to every node's agent
     base = REPO / ".lab" / "test-work" / "history"

@@ -35,7 +35,11 @@ def log(message: str) -> None:
     print(f"[slurmd-gone {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+@pytest.mark.slow
 def test_agent_leaves_when_slurmd_dies_and_the_job_is_requeued(slurm_lab, monkeypatch):
+    """Full tier (the fault matrix's node family: ``worker-slurmd-kill`` is
+    full tier too). On every change the family's ``worker-network-cut``
+    scenario takes a worker node away on the lab."""
     monkeypatch.setenv("ELASTIC_AGENT_SLURMD_CHECK", "5")
     work = slurm_lab.shared_dir(f"slurmd-gone/{uuid.uuid4().hex[:8]}")
     session = Session.create(work / "session", scheduler="slurm",

@@ -207,7 +207,12 @@ def test_supervisor_notices_head_loss_and_keeps_a_worker(new_session):
     print(f"\nhead cancelled -> supervisor noticed {noticed - t0:.1f}s; new head {s.record().head_job}")
 
 
+@pytest.mark.slow
 def test_head_drain_hands_over_and_drivers_see_step_drained(new_session):
+    """Full tier. On every change the same path runs through Dagster
+    (``test_dagster_assets::test_head_drain_surfaces_as_step_drained_and_the_asset_relaunches``)
+    and through the walltime lead
+    (``test_handover_local::test_a_head_without_signal_is_drained_ahead_of_its_walltime``)."""
     from elastic_ray import AllocationFailed, SlurmStepDrained
 
     s = new_session()

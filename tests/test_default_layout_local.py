@@ -45,8 +45,13 @@ def test_fixed_ports_cannot_host_the_head_next_to_a_worker(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_first_allocation_hosts_the_head_and_computes(tmp_path, monkeypatch):
+    """Full tier. On every change: the default layout's head computes
+    (``test_dagster_assets::test_default_layout_head_computes``) and a run
+    with no worker allocation fails over to a new allocation shaped like the
+    first (``test_coordinator_local::test_without_workers_replace_head_submits_a_new_head_allocation``)."""
     monkeypatch.setenv("ELASTIC_AGENT_POLL_INTERVAL", "0.5")
     session = Session.create(tmp_path / "s", head=RUN, scheduler="local", ray_head_only=False,
                              launcher=RayLauncher(object_store_memory=100_000_000), supervise=False)

@@ -137,7 +137,14 @@ def test_a_head_without_signal_is_drained_ahead_of_its_walltime(new_session, mon
     assert "event=walltime_drain" in logs, "the head's own agent started the drain"
 
 
+@pytest.mark.slow
 def test_a_head_with_signal_is_not_moved_before_its_signal(new_session, monkeypatch):
+    """Full tier (waits 105 s of real walltime). On every change: the lab's
+    ``test_pre_walltime_signal_reaches_the_node_command`` and
+    ``test_term_signal_drains_with_the_deadline_taken_from_slurm`` (the
+    signal reaches the agent, which drains), and
+    ``test_a_head_without_signal_is_drained_ahead_of_its_walltime`` (the
+    walltime lead and the hand-over)."""
     lead, warning = 50.0, 25.0
     monkeypatch.setenv("ELASTIC_AGENT_HEAD_DRAIN_LEAD", str(int(lead)))
     # 105 s of walltime, the lead 50 s before its end: 55 s to start the head and the worker.

@@ -118,8 +118,8 @@ def test_a_killed_client_stops_its_payload_and_the_session_goes_on(remote):
 @pytest.mark.slow
 def test_a_head_drained_over_ssh_raises_step_drained_and_hands_over(remote):
     """Full tier only: the drain path again, through the SSH front end. On every change
-    tests/test_coordinator_local.py::test_head_drain_hands_over_and_drivers_see_step_drained runs the
-    drain and hand-over with real agents and Ray, tests/test_remote_wire.py brings SlurmStepDrained
+    tests/test_dagster_assets.py::test_head_drain_surfaces_as_step_drained_and_the_asset_relaunches runs
+    the drain and hand-over with real agents and Ray, tests/test_remote_wire.py brings SlurmStepDrained
     back whole over the wire, and integration/test_remote_slurm.py runs the seed's loop over SSH on
     the lab."""
     s = remote()

@@ -1,7 +1,8 @@
 """The effects of the slurmd check (``agent.slurm.slurmd_watch``): the listener probe
 against real sockets, and the watch driven through an outage with a fake
 clock, probe and scheduler (the real scenario, slurmd killed on a lab node,
-is ``integration/test_agent_slurm.py::test_agent_leaves_when_slurmd_dies_and_the_job_is_requeued``)."""
+is ``integration/test_slurmd_gone_slurm.py::test_agent_leaves_when_slurmd_dies_and_the_job_is_requeued``,
+full tier)."""
 
 from __future__ import annotations
 
