@@ -214,6 +214,22 @@ def test_a_driver_counts_the_heads_drain_since_it_started(state, transitions, dr
     assert head_drained_since([], since=100.0) is False
 
 
+@pytest.mark.parametrize("job, alive, draining, seen_alive, doubt", [
+    ("1", True, False, True, False),    # beating, serving: the paced look is enough
+    ("1", True, True, True, True),      # draining: a cancel's SIGTERM looks so first
+    ("1", False, False, True, True),    # silent after it was heard: killed, or its node gone
+    ("1", False, False, False, False),  # never heard yet: no news
+    ("2", False, True, True, False),    # another head's news is not this driver's
+])
+def test_a_driver_asks_the_scheduler_afresh_only_when_its_head_is_in_doubt(job, alive, draining, seen_alive,
+                                                                           doubt):
+    from elastic_ray.coordinator.drivers import head_in_doubt
+    from elastic_ray.coordinator.head.headwatch import HeadObservation
+
+    obs = HeadObservation(job=job, address="127.0.0.1:6379", alive=alive, draining=draining, last_beat_age=0.5)
+    assert head_in_doubt(obs, "1", seen_alive) is doubt
+
+
 # ---------------------------------------------------------------- the claim as a lease
 
 def test_a_claim_whose_holder_is_known_dead_is_taken_at_once():

@@ -49,6 +49,7 @@ from ..protocol.disk.records import AgentState, NodeState
 from ..ray_auth import apply_auth_env
 from ..scheduler.base import JobState
 from .allocations.pacing import watch_max_age
+from .head.headwatch import HeadObservation
 from .ports import DriverSession, HeadRef
 
 log = logging.getLogger("elastic_ray.coordinator")
@@ -56,6 +57,10 @@ log = logging.getLogger("elastic_ray.coordinator")
 CHECK_INTERVAL = 0.5
 SCHEDULER_CHECK_INTERVAL = 2.0
 STOP_GRACE = 10.0
+# A head in doubt (draining, or silent): a fresh scheduler answer at most this often (s).
+FRESH_CHECK_EVERY = 10.0
+# A driver whose head's job ended: nothing left to finish (its head is gone), so a short grace.
+LOST_HEAD_GRACE = 1.0
 # Slurm sends a step's --signal=SIG@N up to its 30 s timer early; with some slack.
 SIGNAL_EARLY = 35.0
 # A driver that ended inside that window: how long to listen for the head's
@@ -119,6 +124,14 @@ def drained_head_handed_over(gone: str, head_state: JobState | None) -> bool:
     that is a lost head, whatever the election did meanwhile.
     """
     return gone == "REPLACED" and head_state in (JobState.RUNNING, JobState.COMPLETED)
+
+
+def head_in_doubt(obs: HeadObservation, head_job: str, seen_alive: bool) -> bool:
+    """Pure: does the heartbeat of a driver's head (``obs``) give a reason to
+    ask the scheduler now whether its job ended? It drains (a cancelled
+    head's agent drains on its SIGTERM), or went silent after it was heard
+    (a killed one); a head never heard yet (no beat so far) is no news."""
+    return obs.job == head_job and (obs.draining or (seen_alive and not obs.alive))
 
 
 def head_drained_since(states: Iterable[NodeState], since: float) -> bool:
@@ -209,8 +222,8 @@ class PayloadRun:
     def _head_drained(self) -> bool:
         return head_drained_since(self.session.node_states(self.head.job_id).values(), self.started)
 
-    def stop(self) -> None:
-        """Stop the driver now (SIGTERM to its process group, SIGKILL after a grace)."""
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """Stop the driver now (SIGTERM to its process group, SIGKILL after ``grace`` s)."""
         if self.proc.poll() is not None:
             return
         try:
@@ -218,7 +231,7 @@ class PayloadRun:
         except ProcessLookupError:
             return
         try:
-            self.proc.wait(STOP_GRACE)
+            self.proc.wait(grace)
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -288,16 +301,27 @@ class PayloadRun:
 
     def wait(self, timeout: float | None = None) -> RunResult:
         next_scheduler_check = 0.0
+        next_fresh_check = 0.0
+        seen_alive = False
 
         def finished() -> RunResult | None:
-            nonlocal next_scheduler_check
+            nonlocal next_scheduler_check, next_fresh_check, seen_alive
             rc = self.proc.poll()
             now = time.monotonic()
             gone = self._moved()
-            if gone is None and (rc is not None or now >= next_scheduler_check):
+            # The head's heartbeat stopped or says it drains (a cancel's SIGTERM
+            # drains it too): ask the scheduler afresh now, not at the next paced
+            # look, so a lost head ends the wait before its driver's step does.
+            obs = self.session.observe_head() if gone is None and rc is None else None
+            suspect = obs is not None and head_in_doubt(obs, self.head.job_id, seen_alive) and now >= next_fresh_check
+            seen_alive = seen_alive or (obs is not None and obs.job == self.head.job_id and obs.alive)
+            if gone is None and (rc is not None or suspect or now >= next_scheduler_check):
                 next_scheduler_check = now + SCHEDULER_CHECK_INTERVAL
-                # An exit is judged on a fresh answer; a running driver's watch takes the shared one.
-                gone = self._head_gone(0.0 if rc is not None else watch_max_age())
+                if suspect:
+                    next_fresh_check = now + FRESH_CHECK_EVERY
+                # An exit or a silent head is judged on a fresh answer; a running driver's watch
+                # takes the shared one.
+                gone = self._head_gone(0.0 if rc is not None or suspect else watch_max_age())
             # The driver ended, or its head moved before we saw it drain (a
             # quick election can pass between two checks): did the head drain?
             # (A head whose job ends is lost, not drained: no need to ask.)
@@ -307,14 +331,14 @@ class PayloadRun:
                 log.info("event=driver_signalled session=%s head=%s reason=head_drained",
                          self.session.job_name, self.head.job_id)
             if gone is not None:
-                self.stop()
+                self.stop(STOP_GRACE if gone == "REPLACED" else LOST_HEAD_GRACE)
                 if self._drained and self._handed_over(gone):
                     raise self._step_drained(rc, gone)
                 raise SlurmAllocationEnded(
                     f"the head allocation {self.head.job_id} of this driver is {gone}; "
                     f"call replace_head() and launch again", allocation_state=gone, job_id=self.head.job_id)
             if not self._drained:
-                obs = self.session.observe_head()
+                obs = obs or self.session.observe_head()
                 if obs.job == self.head.job_id and obs.draining:
                     self._drained = True
                     log.info("event=driver_signalled session=%s head=%s reason=head_draining",
