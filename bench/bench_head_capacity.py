@@ -309,6 +309,15 @@ def main(argv: list[str] | None = None) -> int:
         parts = [p for p, many in ((o, len(orders) > 1), (m, len(modes) > 1), (x, len(layouts) > 1)) if many]
         return "/".join(parts) or o
 
+    # How each driver's wait ended (seen by its exit, the heartbeat or a paced look; its stop's length).
+    import logging
+    drivers_log = logging.getLogger("elastic_ray.coordinator")
+    drivers_log.setLevel(logging.INFO)
+    shown = logging.StreamHandler(sys.stdout)
+    shown.setFormatter(logging.Formatter("  [drivers %(asctime)s] %(message)s"))
+    shown.addFilter(lambda record: "driver_head_gone" in record.getMessage())
+    drivers_log.addHandler(shown)
+
     labctl = lab_ops.labctl
     started = not labctl.is_up()
     if started:

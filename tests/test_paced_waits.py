@@ -168,6 +168,9 @@ class _FakeSession:
         self.claims = 0
         self.on_look = lambda looks: None
         self.looks = 0
+        self.on_pointer_read = lambda reads: None
+        self.pointer_reads = 0
+        self.dir = self   # ``ray_head`` is the record's head here (a test may give a real SessionDir)
 
     def observe_head(self, wait=0.0):
         self.looks += 1
@@ -189,6 +192,11 @@ class _FakeSession:
     def election_claim(self, claimant):
         self.claims += 1
         yield ClaimOutcome(self.claim_held, self.rec)
+
+    def read_ray_head(self):
+        self.pointer_reads += 1
+        self.on_pointer_read(self.pointer_reads)
+        return self.rec.head_job
 
 
 @pytest.fixture
@@ -216,6 +224,29 @@ def test_a_caller_whose_claim_is_held_elsewhere_asks_the_scheduler_nothing_while
     # One shared look for the old head, one for the new; one fresh ask, because Ray answered
     # while the shared answer still said PENDING.
     assert s.asked == [pacing.WATCH_MAX_AGE, pacing.WATCH_MAX_AGE, 0.0]
+
+
+def test_a_caller_waiting_on_anothers_election_takes_its_head_up_at_the_switch():
+    """The payload loop's replace_head() while the session's supervisor
+    elects: the pointer is watched closely (every POINTER_WATCH) between two
+    looks, so the new head is handed out at the look right after the switch,
+    not a poll interval later."""
+    s = _FakeSession(shared={"31": _info("31", JobState.CANCELLED)},
+                     fresh={"31": _info("31", JobState.CANCELLED), "32": _info("32", JobState.RUNNING)},
+                     claim_held=False)
+
+    def switch(reads: int) -> None:
+        if reads == 3:   # the other elector switches the head during our first wait
+            s.rec = AllocationRecord(head_job="32", predecessors=("31",))
+            s.obs = HeadObservation("32", "10.0.0.2:6379", True, False, 0.1)
+            s.shared = s.fresh
+
+    s.on_pointer_read = switch
+    f = Failover(s)  # type: ignore[arg-type]
+    f.elect = lambda *a, **k: pytest.fail("not the claim holder: must not elect")  # type: ignore[method-assign]
+    assert failover_mod.POINTER_WATCH * 5 <= failover_mod.POLL_INTERVAL
+    assert f.replace_head(timeout=30, progress=None) == ("32", "10.0.0.2:6379")
+    assert (s.looks, s.claims, s.pointer_reads) == (2, 1, 3), "one look, the switch seen at the 3rd read, one look"
 
 
 def test_an_election_acts_only_on_a_fresh_answer(quick):

@@ -258,8 +258,10 @@ class Agent:
             self.follower.check_silent(now)
             self._feed(self.follower.seen(now))
             self._feed(Tick(now))
-            if self.clock.beat(now, self._beats_due()):
-                self._beat()
+            # At its time, and at once when what it says changed (a drain, Ray down): no beat's wait.
+            beats = self._beats_due()
+            if self.clock.beat(now, beats) or (beats and self.publishing.changed(*self._beat_view())):
+                self.publishing.beat(*self._beat_view())
             soon = self._status_soon.is_set()
             if soon or wakeups.due(now, self.clock.next_status, STATUS_SLACK):
                 # Cleared before the status is taken: a request that comes
@@ -439,13 +441,12 @@ class Agent:
     def _beats_due(self) -> bool:
         return self.publishing.publisher is not None and (self.o.role == "head" or self.local.hosted is not None)
 
-    def _beat(self) -> None:
+    def _beat_view(self) -> tuple[bool, bool]:
+        """What a heartbeat says now: (the head's Ray serves, the head drains)."""
         if self.o.role == "head":
-            ok = self.local.ray is not None and self.ctx.state in (State.JOINED, State.DRAINING)
-            draining = self.ctx.state is State.DRAINING
-        else:
-            ok, draining = self.hosted_head.heartbeat(self.ctx.state)
-        self.publishing.beat(ok, draining)
+            return self.local.ray is not None and self.ctx.state in (State.JOINED, State.DRAINING), \
+                self.ctx.state is State.DRAINING
+        return self.hosted_head.heartbeat(self.ctx.state)
 
     def _publish_head(self) -> None:
         handle = self.local.ray

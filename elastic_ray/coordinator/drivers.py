@@ -60,7 +60,7 @@ STOP_GRACE = 10.0
 # A head in doubt (draining, or silent): a fresh scheduler answer at most this often (s).
 FRESH_CHECK_EVERY = 10.0
 # A driver whose head's job ended: nothing left to finish (its head is gone), so a short grace.
-LOST_HEAD_GRACE = 1.0
+LOST_HEAD_GRACE = 0.2
 # Slurm sends a step's --signal=SIG@N up to its 30 s timer early; with some slack.
 SIGNAL_EARLY = 35.0
 # A driver that ended inside that window: how long to listen for the head's
@@ -331,7 +331,12 @@ class PayloadRun:
                 log.info("event=driver_signalled session=%s head=%s reason=head_drained",
                          self.session.job_name, self.head.job_id)
             if gone is not None:
+                stop_from = time.monotonic()
                 self.stop(STOP_GRACE if gone == "REPLACED" else LOST_HEAD_GRACE)
+                log.info("event=driver_head_gone session=%s head=%s state=%s seen=%s stopped_in=%.2fs",
+                         self.session.job_name, self.head.job_id, gone,
+                         "exit" if rc is not None else "heartbeat" if suspect else "look",
+                         time.monotonic() - stop_from)
                 if self._drained and self._handed_over(gone):
                     raise self._step_drained(rc, gone)
                 raise SlurmAllocationEnded(

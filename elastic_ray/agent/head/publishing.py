@@ -38,6 +38,7 @@ class HeadPublishing:
         self.control_endpoint = control_endpoint
         self._log = log
         self.publisher: HeartbeatPublisher | None = None
+        self._said: tuple[bool, bool] | None = None   # (ok, draining) of the last beat
         self.endpoint_write = RetriedWrite("head_endpoint", log)
         self._pending_endpoint: RayHandle | None = None
         self._endpoint_retry_at = 0.0
@@ -50,9 +51,14 @@ class HeadPublishing:
             self.publisher = HeartbeatPublisher(self.secret, self.place.session_id, self.place.node_ip,
                                                 context=self.zctx)
 
+    def changed(self, ok: bool, draining: bool) -> bool:
+        """Whether a beat now would say something the last one did not."""
+        return self.publisher is not None and (ok, draining) != self._said
+
     def beat(self, ok: bool, draining: bool) -> None:
         if self.publisher is not None:
             self.publisher.publish({"head_job": self.place.job_id, "ray_ok": ok, "draining": draining})
+            self._said = (ok, draining)
         pending = self._pending_endpoint
         if pending is not None and time.monotonic() >= self._endpoint_retry_at:
             self.publish_endpoint(pending)

@@ -46,6 +46,8 @@ from ..ports import AgentAsker, ElectingSession
 log = logging.getLogger("elastic_ray.coordinator")
 
 POLL_INTERVAL = 0.5
+# While another caller elects: how often the pointer is read for its switch (a small file).
+POINTER_WATCH = 0.05
 CONTROL_TIMEOUT = 3.0
 # How long a newly elected or submitted head may take to answer before its
 # silence counts as a failure.
@@ -153,6 +155,13 @@ class Failover:
                         if assessment.needs_election:
                             self._renewed_at = time.monotonic()
                             self.elect(claim.record, jobs, progress, deadline)
+                        elected.set()
+                    else:
+                        # Another elector holds the claim (the session's supervisor, say):
+                        # watch the pointer closely, so that its new head is taken up
+                        # within a pointer look of the switch, then look again at once.
+                        wait_for(lambda: s.dir.read_ray_head() != rec.head_job, timeout=POLL_INTERVAL,
+                                 interval=POINTER_WATCH, raising=False)
                         elected.set()
             return None
 
