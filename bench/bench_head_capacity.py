@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     drivers_log.setLevel(logging.INFO)
     shown = logging.StreamHandler(sys.stdout)
     shown.setFormatter(logging.Formatter("  [drivers %(asctime)s] %(message)s"))
-    shown.addFilter(lambda record: "driver_head_gone" in record.getMessage())
+    shown.addFilter(lambda record: any(word in record.getMessage() for word in (
+        "driver_head_gone", "event=election ", "head_switched", "election_skipped", "head_found")))
     drivers_log.addHandler(shown)
 
     labctl = lab_ops.labctl

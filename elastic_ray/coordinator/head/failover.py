@@ -107,13 +107,17 @@ class Failover:
         why = ""
 
         looks = SessionLooks(lambda max_age: s.query(max_age=max_age))
+        started, count = time.monotonic(), [0]
 
         def healthy_head() -> tuple[str, str] | None:
             nonlocal last, why
+            count[0] += 1
             if self.switched_to is not None and self.switched_to == s.record().head_job:
                 # This caller just made it the head after seeing it ready (its
-                # GCS open, its endpoint written): hand it out now rather than
-                # wait up to a heartbeat period (1 s) for its first beat.
+                # GCS open, its endpoint written), or saw another elector switch
+                # to it while it waited (which switches only then too): hand it
+                # out now rather than wait up to a heartbeat period (1 s) for its
+                # first beat.
                 endpoint = s.dir.read_head_endpoint(self.switched_to)
                 if endpoint is not None:
                     return self.switched_to, endpoint.address
@@ -132,6 +136,8 @@ class Failover:
                 assessment = s.assess_head(rec, jobs, obs, time.time())
             why = assessment.why
             if assessment.condition is election.HeadCondition.HEALTHY and obs.address and rec.head_job:
+                log.info("event=head_found session=%s head=%s looks=%d seconds=%.2f", s.job_name, rec.head_job,
+                         count[0], time.monotonic() - started)
                 return rec.head_job, obs.address
             if assessment.condition.value != last and progress:
                 progress(assessment.why)
@@ -160,8 +166,10 @@ class Failover:
                         # Another elector holds the claim (the session's supervisor, say):
                         # watch the pointer closely, so that its new head is taken up
                         # within a pointer look of the switch, then look again at once.
-                        wait_for(lambda: s.dir.read_ray_head() != rec.head_job, timeout=POLL_INTERVAL,
-                                 interval=POINTER_WATCH, raising=False)
+                        switched = wait_for(lambda: (p := s.dir.read_ray_head()) != rec.head_job and p,
+                                            timeout=POLL_INTERVAL, interval=POINTER_WATCH, raising=False)
+                        if switched:
+                            self.switched_to = switched
                         elected.set()
             return None
 
