@@ -259,9 +259,9 @@ class Agent:
             self._feed(self.follower.seen(now))
             self._feed(Tick(now))
             # At its time, and at once when what it says changed (a drain, Ray down): no beat's wait.
-            beats = self._beats_due()
-            if self.clock.beat(now, beats) or (beats and self.publishing.changed(*self._beat_view())):
-                self.publishing.beat(*self._beat_view())
+            view = self._beat_view() if self._beats_due() else None
+            if view is not None and (self.clock.beat(now, True) or self.publishing.changed(*view)):
+                self.publishing.beat(*view)
             soon = self._status_soon.is_set()
             if soon or wakeups.due(now, self.clock.next_status, STATUS_SLACK):
                 # Cleared before the status is taken: a request that comes

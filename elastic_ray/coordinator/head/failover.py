@@ -107,11 +107,16 @@ class Failover:
         why = ""
 
         looks = SessionLooks(lambda max_age: s.query(max_age=max_age))
-        started, count = time.monotonic(), [0]
+        started, looked = time.monotonic(), 0
+
+        def found(job: str, address: str) -> tuple[str, str]:
+            log.info("event=head_found session=%s head=%s looks=%d seconds=%.2f", s.job_name, job, looked,
+                     time.monotonic() - started)
+            return job, address
 
         def healthy_head() -> tuple[str, str] | None:
-            nonlocal last, why
-            count[0] += 1
+            nonlocal last, why, looked
+            looked += 1
             if self.switched_to is not None and self.switched_to == s.record().head_job:
                 # This caller just made it the head after seeing it ready (its
                 # GCS open, its endpoint written), or saw another elector switch
@@ -120,7 +125,7 @@ class Failover:
                 # first beat.
                 endpoint = s.dir.read_head_endpoint(self.switched_to)
                 if endpoint is not None:
-                    return self.switched_to, endpoint.address
+                    return found(self.switched_to, endpoint.address)
             obs = s.observe_head(wait=0.3)
             rec = s.record()
             # The fast path: the heartbeat and the record, every poll. The
@@ -136,9 +141,7 @@ class Failover:
                 assessment = s.assess_head(rec, jobs, obs, time.time())
             why = assessment.why
             if assessment.condition is election.HeadCondition.HEALTHY and obs.address and rec.head_job:
-                log.info("event=head_found session=%s head=%s looks=%d seconds=%.2f", s.job_name, rec.head_job,
-                         count[0], time.monotonic() - started)
-                return rec.head_job, obs.address
+                return found(rec.head_job, obs.address)
             if assessment.condition.value != last and progress:
                 progress(assessment.why)
                 last = assessment.condition.value
