@@ -198,10 +198,13 @@ class PayloadRun:
         """The driver ended or its head moved; did the head drain (Slurm's
         pre-walltime signal, the head's own drain ahead of its walltime, a
         removal) rather than end?"""
+        drained = self._head_drained()   # a file read: a driver that just finished asks no scheduler
+        if not drained and self._signal is None:
+            return False
         info = self.session.job_info(self.head.job_id, unreachable_ok=True)
         if info is None or info.state is not JobState.RUNNING:
             return False  # the allocation is ending: not a hand-over
-        if self._head_drained():
+        if drained:
             return True
         if self._signal is None or not in_signal_window(self._signal, info.end_time, time.time()):
             return False
